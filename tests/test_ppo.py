@@ -1,0 +1,396 @@
+"""ppo.py and ppo_shared.py: each core detail checked directly, then whole runs in subprocesses."""
+
+import difflib
+import math
+import signal
+import subprocess
+import sys
+import time
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+from conftest import ROOT, load_script, run_dirs, run_script
+from tbutil import read_scalars
+from torch import nn
+
+SCRIPTS = ["ppo.py", "ppo_shared.py"]
+
+
+def small_args(module, **overrides):
+    args = module.Args(**overrides)
+    assert module.check_args(args) is None
+    return args
+
+
+def cartpole_envs(module, num_envs=2):
+    return module.make_envs(small_args(module, num_envs=num_envs), "test")
+
+
+def assert_orthogonal(weight, gain):
+    w = weight.detach().double()
+    gram = w @ w.T if w.shape[0] <= w.shape[1] else w.T @ w
+    torch.testing.assert_close(gram, gain**2 * torch.eye(gram.shape[0], dtype=torch.double), atol=1e-5, rtol=1e-4)
+
+
+# core-2 (and core-13: which layers exist)
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_orthogonal_init_scales(script):
+    module = load_script(script)
+    envs = cartpole_envs(module)
+    agent = module.Agent(envs)
+    envs.close()
+    if script == "ppo.py":
+        hidden = [agent.actor[0], agent.actor[2], agent.critic[0], agent.critic[2]]
+        policy_head, value_head = agent.actor[4], agent.critic[4]
+    else:
+        hidden = [agent.network[0], agent.network[2]]
+        policy_head, value_head = agent.actor, agent.critic
+    for layer in hidden:
+        assert_orthogonal(layer.weight, math.sqrt(2))
+    assert_orthogonal(policy_head.weight, 0.01)
+    assert_orthogonal(value_head.weight, 1.0)
+    for layer in [*hidden, policy_head, value_head]:
+        assert torch.count_nonzero(layer.bias) == 0
+    n_linear = sum(isinstance(m, nn.Linear) for m in agent.modules())
+    assert n_linear == (6 if script == "ppo.py" else 4)  # core-13: separate vs shared trunk
+
+
+# core-3
+def test_adam_epsilon(ppo):
+    envs = cartpole_envs(ppo)
+    optimizer = ppo.make_optimizer(ppo.Agent(envs), small_args(ppo, learning_rate=1e-3))
+    envs.close()
+    assert isinstance(optimizer, torch.optim.Adam)
+    assert optimizer.defaults["eps"] == 1e-5
+    assert optimizer.defaults["lr"] == 1e-3
+
+
+def reference_gae(rewards, values, dones, next_value, next_done, gamma, lam):
+    """Plain per-environment GAE: sum of (gamma*lam)^l * delta_{t+l}, stopping at the end of the episode."""
+    T, N = rewards.shape
+    values_ext = np.vstack([values, next_value])
+    dones_ext = np.vstack([dones, next_done])  # dones_ext[t] = 1: obs t starts a new episode
+    adv = np.zeros((T, N))
+    for n in range(N):
+        for t in range(T):
+            total, discount = 0.0, 1.0
+            for k in range(t, T):
+                ends_after_k = dones_ext[k + 1, n] == 1
+                delta = rewards[k, n] + (0.0 if ends_after_k else gamma * values_ext[k + 1, n]) - values_ext[k, n]
+                total += discount * delta
+                if ends_after_k:
+                    break
+                discount *= gamma * lam
+            adv[t, n] = total
+    return adv
+
+
+# core-5
+def test_gae_against_plain_reference(ppo):
+    rng = np.random.default_rng(0)
+    T, N = 16, 3
+    rewards = rng.normal(size=(T, N))
+    values = rng.normal(size=(T, N))
+    dones = (rng.random((T, N)) < 0.2).astype(float)
+    dones[5, 0] = 1.0  # make sure there are boundaries
+    next_value = rng.normal(size=(1, N))
+    next_done = np.array([1.0, 0.0, 0.0])
+    adv, ret = ppo.compute_gae(
+        torch.tensor(rewards),
+        torch.tensor(values),
+        torch.tensor(dones),
+        torch.tensor(next_value),
+        torch.tensor(next_done),
+        0.99,
+        0.95,
+    )
+    expected = reference_gae(rewards, values, dones, next_value, next_done[None], 0.99, 0.95)
+    np.testing.assert_allclose(adv.numpy(), expected, rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(ret.numpy(), expected + values, rtol=1e-10, atol=1e-10)
+
+
+def test_gae_hand_computed_boundary(ppo):
+    # one env, 3 steps; the episode ends after step 1 (obs 2 starts a new one)
+    rewards = torch.tensor([[1.0], [2.0], [3.0]])
+    values = torch.tensor([[0.5], [1.0], [2.0]])
+    dones = torch.tensor([[0.0], [0.0], [1.0]])
+    adv, _ = ppo.compute_gae(rewards, values, dones, torch.tensor([[4.0]]), torch.tensor([0.0]), 0.5, 0.5)
+    d2 = 3.0 + 0.5 * 4.0 - 2.0  # bootstraps from next_value
+    d1 = 2.0 - 1.0  # terminal: no bootstrap
+    d0 = 1.0 + 0.5 * 1.0 - 0.5
+    torch.testing.assert_close(adv, torch.tensor([[d0 + 0.25 * d1], [d1], [d2]]))
+
+
+# core-6
+def test_minibatches_cover_the_batch_once_per_epoch(ppo):
+    np.random.seed(0)
+    b_inds = np.arange(512)
+    orders = []
+    for _epoch in range(3):
+        mbs = ppo.minibatches(b_inds, 128)
+        assert [len(mb) for mb in mbs] == [128] * 4
+        visited = np.concatenate(mbs)
+        np.testing.assert_array_equal(np.sort(visited), np.arange(512))
+        orders.append(visited.copy())
+    assert not np.array_equal(orders[0], orders[1]) and not np.array_equal(orders[0], np.arange(512))
+
+
+def loss_parts(ppo, ratios, advantages, norm_adv=False, clip_vloss=True, newvalue=None, oldvalues=None, returns=None):
+    n = len(ratios)
+    args = small_args(ppo, norm_adv=norm_adv, clip_vloss=clip_vloss)
+    oldlogprob = torch.full((n,), -1.0)
+    newlogprob = oldlogprob + torch.log(torch.tensor(ratios))
+    entropy = torch.full((n,), 0.5)
+    newvalue = torch.zeros(n, 1) if newvalue is None else torch.tensor(newvalue)[:, None]
+    oldvalues = torch.zeros(n) if oldvalues is None else torch.tensor(oldvalues)
+    returns = torch.zeros(n) if returns is None else torch.tensor(returns)
+    return ppo.ppo_loss(newlogprob, entropy, newvalue, oldlogprob, torch.tensor(advantages), returns, oldvalues, args, 0.2)
+
+
+# core-8 and core-12 (clip fraction)
+def test_clipped_surrogate_hand_computed(ppo):
+    _, pg_loss, _, _, _, _, clipfrac = loss_parts(ppo, [0.5, 1.0, 1.5], [1.0, -1.0, 2.0])
+    # max(-A*r, -A*clip(r, 0.8, 1.2)): max(-0.5, -0.8) = -0.5; max(1, 1) = 1; max(-3, -2.4) = -2.4
+    assert pg_loss.item() == pytest.approx((-0.5 + 1.0 - 2.4) / 3, abs=1e-6)
+    assert clipfrac.item() == pytest.approx(2 / 3)
+
+
+# core-7
+def test_advantage_normalization_per_minibatch(ppo):
+    adv = [0.3, -1.2, 2.0, 0.7]
+    ratios = [0.9, 1.1, 1.3, 0.7]
+    pg = loss_parts(ppo, ratios, adv, norm_adv=True)[1].item()
+    a = np.array(adv)
+    normalized = (a - a.mean()) / (a.std(ddof=1) + 1e-8)
+    r = np.array(ratios)
+    expected = np.maximum(-normalized * r, -normalized * np.clip(r, 0.8, 1.2)).mean()
+    assert pg == pytest.approx(expected, rel=1e-5)
+    # the statistics are the minibatch's own: an affine change of its advantages changes nothing
+    shifted = loss_parts(ppo, ratios, [10 * x + 5 for x in adv], norm_adv=True)[1].item()
+    assert shifted == pytest.approx(pg, rel=1e-4)
+    assert loss_parts(ppo, ratios, adv, norm_adv=False)[1].item() != pytest.approx(pg, rel=1e-3)
+
+
+# core-9 and core-10
+def test_value_loss_clipping_and_total_loss(ppo):
+    kw = dict(newvalue=[2.0, 0.0], oldvalues=[1.0, 1.0], returns=[3.0, 0.5])
+    loss, pg, v_loss, ent, *_ = loss_parts(ppo, [1.0, 1.0], [0.0, 0.0], **kw)
+    # sample 1: max((2-3)^2, (1.2-3)^2) = 3.24; sample 2: max((0-0.5)^2, (0.8-0.5)^2) = 0.25
+    assert v_loss.item() == pytest.approx(0.5 * (3.24 + 0.25) / 2)
+    _, _, v_unclipped, *_ = loss_parts(ppo, [1.0, 1.0], [0.0, 0.0], clip_vloss=False, **kw)
+    assert v_unclipped.item() == pytest.approx(0.5 * (1.0 + 0.25) / 2)
+    args = small_args(ppo)
+    assert loss.item() == pytest.approx(pg.item() - args.ent_coef * ent.item() + args.vf_coef * v_loss.item())
+    assert ent.item() == pytest.approx(0.5)
+
+
+# core-11
+def test_global_gradient_clipping(ppo):
+    torch.manual_seed(0)
+    envs = cartpole_envs(ppo)
+    agent = ppo.Agent(envs)
+    envs.close()
+    optimizer = ppo.make_optimizer(agent, small_args(ppo))
+    x = torch.randn(64, 4)
+
+    def big_loss():
+        _, logprob, _, value = agent.get_action_and_value(x, torch.zeros(64, dtype=torch.long))
+        return 1e3 * (value.pow(2).mean() - logprob.mean())
+
+    big_loss().backward()
+    norm_before = torch.norm(torch.stack([p.grad.norm() for p in agent.parameters()]))
+    assert norm_before > 0.5
+    ppo.gradient_step(optimizer, big_loss(), 0.5)
+    norm_after = torch.norm(torch.stack([p.grad.norm() for p in agent.parameters()]))
+    assert norm_after <= 0.5 + 1e-5
+    assert norm_after == pytest.approx(0.5, rel=1e-3)
+
+
+def test_check_args_messages(ppo):
+    assert "does not divide" in ppo.check_args(ppo.Args(num_minibatches=3))
+    assert "smaller than one batch" in ppo.check_args(ppo.Args(total_timesteps=100))
+    assert "unknown environment id" in ppo.check_args(ppo.Args(env_id="NoSuchEnv-v0"))
+    envs = gym.vector.SyncVectorEnv([lambda: gym.make("Pendulum-v1")])
+    assert "ppo_continuous_action.py" in ppo.check_env(envs)
+    envs.close()
+
+
+# --- whole runs -------------------------------------------------------------------------------------------
+
+
+DEBUG_TAGS = [
+    "charts/episodic_return",
+    "charts/episodic_length",
+    "charts/learning_rate",
+    "charts/SPS",
+    "losses/policy_loss",
+    "losses/value_loss",
+    "losses/entropy",
+    "losses/old_approx_kl",
+    "losses/approx_kl",
+    "losses/clipfrac",
+    "losses/explained_variance",
+]
+
+
+# core-1, core-4, core-12
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_smoke_run_logs_and_lr_schedule(script, tmp_path):
+    res = run_script(script, "--total-timesteps", 2048, "--num-envs", 2, "--num-steps", 128, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    (run_dir,) = run_dirs(tmp_path)
+    scalars = read_scalars(run_dir)
+    for tag in DEBUG_TAGS:
+        assert tag in scalars, tag
+    lrs = scalars["charts/learning_rate"]
+    assert [s for s, _ in lrs] == [256 * k for k in range(1, 9)]
+    # detail core-4: lr_k = lr * (1 - (k-1)/K); after the last of the K iterations the schedule is at 0
+    expected = [2.5e-4 * (1 - k / 8) for k in range(8)]
+    np.testing.assert_allclose([v for _, v in lrs], expected, rtol=1e-6)
+    assert expected[-1] - 2.5e-4 / 8 == pytest.approx(0.0)
+
+
+def test_learns_cartpole(tmp_path):
+    res = run_script("ppo.py", "--seed", 1, "--total-timesteps", 100000, cwd=tmp_path, timeout=600)
+    assert res.returncode == 0, res.stderr
+    returns = [v for _, v in read_scalars(run_dirs(tmp_path)[0])["charts/episodic_return"]]
+    assert np.mean(returns[-20:]) >= 150, returns[-20:]
+
+
+def losses_of(run_dir):
+    scalars = read_scalars(run_dir)
+    return {tag: scalars[tag] for tag in scalars if tag.startswith("losses/") or tag == "charts/episodic_return"}
+
+
+def test_same_seed_same_losses(tmp_path):
+    logs = []
+    for name in ["a", "b"]:
+        res = run_script("ppo.py", "--total-timesteps", 3072, "--exp-name", name, cwd=tmp_path)
+        assert res.returncode == 0, res.stderr
+        (run_dir,) = [d for d in run_dirs(tmp_path) if f"__{name}__" in d.name]
+        logs.append(losses_of(run_dir))
+    assert logs[0] and logs[0] == logs[1]
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--env-id", "NoSuchEnv-v0"], "unknown environment id 'NoSuchEnv-v0'"),
+        (["--env-id", "Pendulum-v1"], "use ppo_continuous_action.py"),
+        (["--num-minibatches", "3"], "does not divide the batch of 512"),
+        (["--total-timesteps", "100"], "smaller than one batch"),
+        (["--resume", "missing.pt"], "checkpoint 'missing.pt' does not exist"),
+        (["--eval-checkpoint", "corrupt.pt"], "cannot load checkpoint 'corrupt.pt'"),
+        (["--resume", "notackpt.pt"], "is not a checkpoint written by this project's scripts"),
+    ],
+)
+def test_bad_input_one_clear_line(args, message, tmp_path):
+    (tmp_path / "corrupt.pt").write_bytes(b"\x80\x02not a checkpoint at all")
+    torch.save({"weights": torch.zeros(2)}, tmp_path / "notackpt.pt")
+    res = run_script("ppo.py", *args, cwd=tmp_path)
+    assert res.returncode != 0
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], res.stderr
+    assert not (tmp_path / "runs").exists()  # nothing started
+
+
+def start_and_signal(tmp_path, sig, *args, wait=1.0):
+    cmd = [sys.executable, str(ROOT / "ppo.py"), *map(str, args)]
+    proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    out = []
+    for line in proc.stdout:  # wait for the first status line (printed after iteration 1), then a little more
+        out.append(line)
+        if line.startswith("step "):
+            break
+    time.sleep(wait)
+    proc.send_signal(sig)
+    out.extend(proc.stdout)
+    proc.wait(timeout=120)
+    return proc.returncode, "".join(out)
+
+
+def test_interrupt_then_resume_continues_the_schedule(tmp_path):
+    args = ["--total-timesteps", 20480, "--exp-name", "cut"]
+    rc, out = start_and_signal(tmp_path, signal.SIGINT, *args)
+    assert rc == 130, out
+    (run_dir,) = run_dirs(tmp_path)
+    ckpt_path = run_dir / "checkpoint.pt"
+    ckpt = torch.load(ckpt_path, weights_only=True)
+    k = ckpt["iteration"]
+    assert 1 <= k < 40 and ckpt["global_step"] == 512 * k, out
+    flushed = read_scalars(run_dir)["charts/learning_rate"]
+    assert flushed[-1][0] >= 512 * k  # events up to the checkpoint are on disk
+
+    res = run_script("ppo.py", "--resume", ckpt_path, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert f"iterations {k + 1}..40" in res.stdout
+    resumed = dict(read_scalars(run_dir)["charts/learning_rate"])
+    assert max(resumed) == 20480  # finished at the same total steps, in the same run directory
+
+    res = run_script("ppo.py", *args[:2], "--exp-name", "whole", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    (whole_dir,) = [d for d in run_dirs(tmp_path) if "__whole__" in d.name]
+    whole = dict(read_scalars(whole_dir)["charts/learning_rate"])
+    step_after_resume = 512 * (k + 1)
+    assert resumed[step_after_resume] == whole[step_after_resume]
+    assert sorted(resumed) == sorted(whole) and resumed == whole  # no jump back, one value per step
+
+
+def test_sigterm_checkpoints_and_exits_non_zero(tmp_path):
+    rc, out = start_and_signal(tmp_path, signal.SIGTERM, "--total-timesteps", 200000, wait=0.5)
+    assert rc == 128 + signal.SIGTERM, out
+    (run_dir,) = run_dirs(tmp_path)
+    assert torch.load(run_dir / "checkpoint.pt", weights_only=True)["iteration"] >= 1
+    assert "charts/learning_rate" in read_scalars(run_dir)
+
+
+class Exploit:
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (subprocess.call, (["touch", self.marker],))
+
+
+def test_checkpoint_that_runs_code_is_refused(tmp_path, ppo):
+    marker = tmp_path / "pwned"
+    torch.save({"model": Exploit(str(marker))}, tmp_path / "evil.pt")
+    for flag in ["--eval-checkpoint", "--resume"]:
+        res = run_script("ppo.py", flag, "evil.pt", cwd=tmp_path)
+        assert res.returncode != 0 and "cannot load checkpoint" in res.stderr, res.stderr
+    with pytest.raises(SystemExit):
+        ppo.load_checkpoint(str(tmp_path / "evil.pt"))
+    assert not marker.exists()
+
+
+def test_save_model_then_evaluate(tmp_path):
+    res = run_script("ppo.py", "--total-timesteps", 2048, "--save-model", "--save-every", 2, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    (run_dir,) = run_dirs(tmp_path)
+    ckpt = torch.load(run_dir / "checkpoint.pt", weights_only=True)
+    assert ckpt["iteration"] == 4 and ckpt["global_step"] == 2048
+    assert set(ckpt) >= {"model", "optimizer", "args", "rng", "run_name"}
+    assert not list(run_dir.glob("*.tmp*"))  # written atomically, no leftovers
+    res = run_script("ppo.py", "--eval-checkpoint", run_dir / "checkpoint.pt", "--eval-episodes", 3, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert "eval: 3 episodes, mean return" in res.stdout
+    res = run_script("ppo_shared.py", "--eval-checkpoint", run_dir / "checkpoint.pt", cwd=tmp_path)
+    assert res.returncode != 0 and "written by ppo.py" in res.stderr
+
+
+def test_capture_video_and_offline_tracking(tmp_path):
+    res = run_script("ppo.py", "--total-timesteps", 1024, "--capture-video", "--track", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert list((tmp_path / "videos").rglob("*.mp4"))
+    assert list((tmp_path / "wandb").glob("offline-run-*"))
+
+
+def test_shared_differs_from_ppo_by_under_40_lines():
+    a = (ROOT / "ppo.py").read_text().splitlines()
+    b = (ROOT / "ppo_shared.py").read_text().splitlines()
+    changed = [
+        line for line in difflib.unified_diff(a, b, lineterm="") if line[:1] in "+-" and not line.startswith(("+++", "---"))
+    ]
+    assert 0 < len(changed) < 40
