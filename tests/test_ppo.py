@@ -250,6 +250,22 @@ def test_smoke_run_logs_and_lr_schedule(script, tmp_path):
     expected = [2.5e-4 * (1 - k / 8) for k in range(8)]
     np.testing.assert_allclose([v for _, v in lrs], expected, rtol=1e-6)
     assert expected[-1] - 2.5e-4 / 8 == pytest.approx(0.0)
+    # aux-1 and aux-3 are off by default: constant clip coefficient, every epoch runs
+    assert [v for _, v in scalars["charts/clip_coef"]] == [pytest.approx(0.2)] * 8
+    assert {v for _, v in scalars["charts/update_epochs"]} == {4.0}
+
+
+# aux-1 and aux-3
+def test_clip_annealing_and_target_kl_early_stopping(tmp_path):
+    args = ["--total-timesteps", 2048, "--num-envs", 2, "--anneal-clip", "--target-kl", 1e-12]
+    res = run_script("ppo.py", *args, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    scalars = read_scalars(run_dirs(tmp_path)[0])
+    clip = [v for _, v in scalars["charts/clip_coef"]]
+    np.testing.assert_allclose(clip, [0.2 * (1 - k / 8) for k in range(8)], rtol=1e-6)  # one step from 0 at the end
+    # the first minibatch of an update has KL 0 (policy unchanged); after one gradient step the KL exceeds 1e-12,
+    # so each update stops after 2 of its 4 x 4 minibatches: half an epoch
+    assert [v for _, v in scalars["charts/update_epochs"]] == [0.5] * 8
 
 
 def test_learns_cartpole(tmp_path):

@@ -1,0 +1,380 @@
+"""Reproduction report from TensorBoard event files: learning curves and a table next to the published numbers.
+
+    python benchmark/report.py runs/ --out report/
+
+Reads every run directory under the given folder(s) (names `{env_id}__{exp_name}__{seed}__{timestamp}`; an env id
+with a namespace such as ALE/Pong-v5 makes a nested folder), groups the runs by env and script (exp_name), and
+writes into --out: one PNG per env (mean ± std over seeds of the episodic return against steps and against wall
+time), README.md with a table of the mean ± std over seeds of each seed's last-100-episode mean return next to the
+published numbers (benchmark/reference.csv) and their ratio, and summary.csv. Needs nothing but the event files.
+"""
+
+import argparse
+import csv
+import math
+import re
+import sys
+import warnings
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+HERE = Path(__file__).resolve().parent
+RETURN_TAG = "charts/episodic_return"
+# scripts without a published table of their own, compared with the table of the script they reproduce
+REFERENCE_SCRIPT = {"ppo_atari_ale_vector.py": "ppo_atari.py", "ppo_atari_multigpu.py": "ppo_atari.py"}
+BASELINES = [("ppo2", "ppo2"), ("cleanrl", "CleanRL")]  # (baseline column of reference.csv, table heading)
+
+
+@dataclass
+class Run:
+    env: str
+    exp: str
+    seed: int
+    timestamp: int
+    path: Path
+    returns: list = field(default_factory=list)  # [(step, wall_time, value)] in logging order
+    start_time: float = 0.0
+    last_step: int = 0
+    last_time: float = 0.0
+
+
+def parse_run_name(rel):
+    """'ALE/Pong-v5__ppo_atari__1__1700000000' -> ('ALE/Pong-v5', 'ppo_atari', 1, 1700000000); None if not a run name."""
+    parts = rel.split("__")
+    if len(parts) < 4 or not parts[-2].isdigit() or not parts[-1].isdigit() or not parts[0] or not all(parts[1:-2]):
+        return None
+    return parts[0], "__".join(parts[1:-2]), int(parts[-2]), int(parts[-1])
+
+
+def find_runs(root):
+    """The runs under `root` (folders holding event files whose path below `root` is a run name); and skipped folders."""
+    root = Path(root)
+    runs, skipped = [], []
+    for folder in sorted({p.parent for p in root.rglob("events.out.tfevents.*") if p.is_file()}):
+        rel = folder.name if folder == root else folder.relative_to(root).as_posix()
+        parsed = parse_run_name(rel)
+        if parsed is None:
+            skipped.append(folder)
+        else:
+            runs.append(Run(*parsed, path=folder))
+    return runs, skipped
+
+
+def load(run):
+    """Fill the run's episodic returns, start time, last step and last time from its event files."""
+    acc = EventAccumulator(str(run.path), size_guidance={"scalars": 0})
+    acc.Reload()
+    tags = acc.Tags()["scalars"]
+    events = {tag: acc.Scalars(tag) for tag in tags}
+    run.returns = [(e.step, e.wall_time, e.value) for e in events.get(RETURN_TAG, [])]
+    every = [e for evs in events.values() for e in evs]
+    try:
+        run.start_time = acc.FirstEventTimestamp()
+    except ValueError:
+        run.start_time = min((e.wall_time for e in every), default=0.0)
+    run.last_step = max((e.step for e in every), default=0)
+    run.last_time = max((e.wall_time for e in every), default=run.start_time)
+    return run
+
+
+def last_mean(run, last=100):
+    """Mean of the run's last `last` episodic returns (NaN without episodes)."""
+    values = [v for _, _, v in run.returns[-last:]]
+    return float(np.mean(values)) if values else math.nan
+
+
+def trailing_mean(values, window):
+    """At each episode, the mean of the last `window` episodes up to it."""
+    c = np.cumsum(np.insert(np.asarray(values, dtype=float), 0, 0.0))
+    idx = np.arange(1, len(values) + 1)
+    lo = np.maximum(idx - window, 0)
+    return (c[idx] - c[lo]) / (idx - lo)
+
+
+def curve(runs, x="step", window=100, points=200):
+    """(grid, mean, std, count) over seeds of the trailing-mean return; x = 'step' or 'time' (seconds since start).
+
+    A seed's curve runs from its first episode to the end of its run (its last logged step or time, holding its last
+    value). The grid spans the range all seeds cover; where they do not overlap at all, each seed counts only inside
+    its own range (count says how many seeds each point averages)."""
+    series = []
+    for run in runs:
+        if not run.returns:
+            continue
+        xs = [s if x == "step" else w - run.start_time for s, w, _ in run.returns]
+        ys = list(trailing_mean([v for _, _, v in run.returns], window))
+        end = run.last_step if x == "step" else run.last_time - run.start_time
+        if end > xs[-1]:
+            xs, ys = xs + [end], ys + [ys[-1]]
+        series.append((np.array(xs, dtype=float), np.array(ys)))
+    if not series:
+        return None
+    lo, hi = max(xs[0] for xs, _ in series), min(xs[-1] for xs, _ in series)
+    if hi < lo:  # the seeds share no range: the union, each seed inside its own range
+        lo, hi = min(xs[0] for xs, _ in series), max(xs[-1] for xs, _ in series)
+    grid = np.linspace(lo, hi, points) if hi > lo else np.array([lo])
+    table = np.full((len(series), len(grid)), np.nan)
+    for i, (xs, ys) in enumerate(series):
+        inside = (grid >= xs[0]) & (grid <= xs[-1])
+        table[i, inside] = np.interp(grid[inside], xs, ys)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", category=RuntimeWarning)
+        return grid, np.nanmean(table, axis=0), np.nanstd(table, axis=0), np.sum(~np.isnan(table), axis=0)
+
+
+def load_reference(path):
+    rows = []
+    with open(path, newline="", encoding="utf-8") as f:
+        for row in csv.DictReader(f):
+            row["steps"], row["seeds"] = int(row["steps"]), int(row["seeds"])
+            row["mean"], row["std"] = float(row["mean"]), float(row["std"])
+            rows.append(row)
+    return rows
+
+
+def _family(env_id):
+    return re.sub(r"-v\d+$", "", env_id)
+
+
+def references_for(reference, env, script):
+    """{baseline: row} of the published numbers for (env, script): the exact env id first, else another version."""
+    script = REFERENCE_SCRIPT.get(script, script)
+    found = {}
+    for exact in (True, False):
+        for row in reference:
+            same_env = row["env"] == env if exact else _family(row["env"]) == _family(env)
+            if row["script"] == script and same_env and row["baseline"] not in found:
+                found[row["baseline"]] = row
+    return found
+
+
+def slug(env):
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", env)
+
+
+def _fmt(x):
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "—"
+    return f"{x:.2f}"
+
+
+def _steps(n):
+    if n >= 1_000_000 and n % 100_000 == 0:
+        return f"{n / 1e6:g}M"
+    if n >= 1000 and n % 1000 == 0:
+        return f"{n // 1000}k"
+    return str(n)
+
+
+def _duration(seconds):
+    if seconds >= 3600:
+        return f"{seconds / 3600:.1f} h"
+    if seconds >= 60:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds:.0f} s"
+
+
+def summarize(groups, reference, last=100):
+    """One dict per (env, script) group: seeds, steps, per-seed last-`last` means, their mean and std, references."""
+    rows = []
+    for (env, exp), runs in sorted(groups.items()):
+        per_seed = [last_mean(r, last) for r in runs]
+        valid = [v for v in per_seed if not math.isnan(v)]
+        script = exp + ".py"
+        rows.append(
+            {
+                "env": env,
+                "script": script,
+                "seeds": [r.seed for r in runs],
+                "steps": min(r.last_step for r in runs),
+                "episodes": min(len(r.returns) for r in runs),
+                "wall": float(np.mean([r.last_time - r.start_time for r in runs])),
+                "per_seed": per_seed,
+                "mean": float(np.mean(valid)) if valid else math.nan,
+                "std": float(np.std(valid)) if valid else math.nan,
+                "refs": references_for(reference, env, script),
+            }
+        )
+    return rows
+
+
+def plot_env(env, groups, refs_by_script, out_path, window):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.2), sharey=True)
+    longest = max((r.last_time - r.start_time for runs in groups.values() for r in runs), default=0)
+    unit, scale = ("hours", 3600.0) if longest > 2 * 3600 else ("minutes", 60.0) if longest > 120 else ("seconds", 1.0)
+    for k, (exp, runs) in enumerate(sorted(groups.items())):
+        color = f"C{k % 10}"
+        for ax, x in zip(axes, ("step", "time")):
+            c = curve(runs, x=x, window=window)
+            if c is None:
+                continue
+            grid, mean, std, count = c
+            grid = grid if x == "step" else grid / scale
+            ax.plot(grid, mean, color=color, label=f"{exp} ({len(runs)} seed{'s' if len(runs) > 1 else ''})")
+            ax.fill_between(grid, mean - std, mean + std, color=color, alpha=0.2, linewidth=0)
+        for baseline, style in (("ppo2", "--"), ("cleanrl", ":")):
+            row = refs_by_script.get(exp, {}).get(baseline)
+            if row:
+                axes[0].axhline(
+                    row["mean"],
+                    color=color,
+                    linestyle=style,
+                    linewidth=1,
+                    label=f"{baseline} {row['env']} @ {_steps(row['steps'])}",
+                )
+    axes[0].set_xlabel("environment steps")
+    axes[1].set_xlabel(f"wall time ({unit})")
+    axes[0].set_ylabel(f"episodic return (trailing mean of {window} episodes)")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=8)
+    fig.suptitle(f"{env}: mean ± std over seeds (the curves end where the shortest seed ends)")
+    fig.tight_layout()
+    fig.savefig(out_path, dpi=100)
+    plt.close(fig)
+
+
+def write_readme(rows, out, images, notes, last):
+    lines = [
+        "# Reproduction report",
+        "",
+        "Generated by `python benchmark/report.py` from TensorBoard event files. For each seed, the mean episodic "
+        f"return (`{RETURN_TAG}`) of its last {last} episodes; then the mean ± std (numpy's, ddof=0) over seeds. "
+        "Published: mean ± std over seeds at the step count shown (benchmark/reference.csv); ratio = ours / published "
+        "(for negative returns a ratio above 1 is worse).",
+        "",
+        "| env | script | seeds | steps | wall time | return (ours) | "
+        + " | ".join(f"{h} | ratio" for _, h in BASELINES)
+        + " |",
+        "|---|---|---|---|---|---|" + "---|---|" * len(BASELINES),
+    ]
+    footnotes = set()
+    for row in rows:
+        ours = f"{_fmt(row['mean'])} ± {_fmt(row['std'])}" if not math.isnan(row["mean"]) else "no episodes"
+        cells = [
+            row["env"],
+            row["script"],
+            ", ".join(map(str, row["seeds"])),
+            _steps(row["steps"]),
+            _duration(row["wall"]),
+            ours,
+        ]
+        for baseline, _ in BASELINES:
+            ref = row["refs"].get(baseline)
+            if ref is None:
+                cells += ["—", "—"]
+                continue
+            mark = ""
+            if ref["env"] != row["env"]:
+                mark += f" ({ref['env']})"
+            if ref["script"] != row["script"]:
+                mark += " †"
+                footnotes.add(f"† compared with the published numbers of {ref['script']}, the script it reproduces.")
+            cells.append(f"{_fmt(ref['mean'])} ± {_fmt(ref['std'])} @ {_steps(ref['steps'])}{mark}")
+            ratio = row["mean"] / ref["mean"] if ref["mean"] != 0 and not math.isnan(row["mean"]) else math.nan
+            cells.append(_fmt(ratio))
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += [""] + sorted(footnotes) + ([""] if footnotes else [])
+    short = [r for r in rows if any(r["steps"] < ref["steps"] for ref in r["refs"].values())]
+    if short:
+        lines += [
+            "Runs shorter than the published step count (the comparison is not like for like): "
+            + ", ".join(f"{r['env']} {r['script']} ({_steps(r['steps'])})" for r in short)
+            + ".",
+            "",
+        ]
+    lines += ["## Learning curves", ""]
+    for env, image in images:
+        lines += [f"### {env}", "", f"![{env}]({image})", ""]
+    if notes:
+        lines += ["## Notes", ""] + [f"- {n}" for n in notes] + [""]
+    sources = sorted({(ref["baseline"], ref["source"]) for row in rows for ref in row["refs"].values()})
+    if sources:
+        lines += ["## Sources of the published numbers", ""] + [f"- {b}: {s}" for b, s in sources] + [""]
+    (out / "README.md").write_text("\n".join(lines), encoding="utf-8")
+
+
+def write_summary_csv(rows, out):
+    with open(out / "summary.csv", "w", newline="", encoding="utf-8") as f:
+        w = csv.writer(f)
+        w.writerow(["env", "script", "seeds", "steps", "mean", "std", "per_seed"])
+        for r in rows:
+            per_seed = " ".join(f"{v:.4f}" for v in r["per_seed"])
+            w.writerow([r["env"], r["script"], " ".join(map(str, r["seeds"])), r["steps"], r["mean"], r["std"], per_seed])
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("runs", nargs="+", help="folder(s) holding the run directories (e.g. runs/)")
+    parser.add_argument("--out", default="report", help="output folder (default: report/)")
+    parser.add_argument("--reference", default=str(HERE / "reference.csv"), help="published numbers (CSV)")
+    parser.add_argument("--last", type=int, default=100, help="episodes per seed in the final score (default: 100)")
+    parser.add_argument("--window", type=int, default=100, help="trailing-mean window of the curves (default: 100)")
+    args = parser.parse_args(argv)
+    if args.last < 1 or args.window < 1:
+        print("error: --last and --window must be at least 1", file=sys.stderr)
+        return 2
+
+    runs, notes = [], []
+    for root in args.runs:
+        if not Path(root).is_dir():
+            print(f"error: {root} is not a folder", file=sys.stderr)
+            return 2
+        found, skipped = find_runs(root)
+        runs += found
+        notes += [f"skipped {p}: not named {{env_id}}__{{exp_name}}__{{seed}}__{{timestamp}}" for p in skipped]
+    latest = {}
+    for run in runs:  # one run per (env, script, seed): the latest
+        key = (run.env, run.exp, run.seed)
+        if key in latest:
+            older, newer = sorted([latest[key], run], key=lambda r: r.timestamp)
+            notes.append(f"{older.path}: an older run of the same env, script and seed; the later one is used")
+            latest[key] = newer
+        else:
+            latest[key] = run
+    groups = defaultdict(list)
+    for run in sorted(latest.values(), key=lambda r: (r.env, r.exp, r.seed)):
+        try:
+            load(run)
+        except Exception as e:  # a corrupt or unreadable event file: skip the run, say so
+            notes.append(f"skipped {run.path}: cannot read its event files ({type(e).__name__}: {e})")
+            continue
+        groups[(run.env, run.exp)].append(run)
+    for note in notes:
+        print(f"note: {note}", file=sys.stderr)
+    if not groups:
+        print(f"error: no run directories with event files under {', '.join(args.runs)}", file=sys.stderr)
+        return 1
+
+    try:
+        reference = load_reference(args.reference)
+    except (OSError, KeyError, ValueError) as e:
+        print(f"error: cannot read the published numbers from {args.reference}: {e}", file=sys.stderr)
+        return 2
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    rows = summarize(groups, reference, args.last)
+    images = []
+    for env in sorted({env for env, _ in groups}):
+        by_exp = {exp: rs for (e, exp), rs in groups.items() if e == env}
+        refs = {exp: references_for(reference, env, exp + ".py") for exp in by_exp}
+        image = f"{slug(env)}.png"
+        plot_env(env, by_exp, refs, out / image, args.window)
+        images.append((env, image))
+    write_readme(rows, out, images, notes, args.last)
+    write_summary_csv(rows, out)
+    print(f"wrote {out / 'README.md'}, {out / 'summary.csv'} and {len(images)} figure(s) from {len(latest)} run(s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

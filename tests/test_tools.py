@@ -1,0 +1,359 @@
+"""The researcher's tools: tools/details.py, tools/lineage.py, benchmark/suites.py, benchmark/report.py."""
+
+import csv
+import importlib.util
+import math
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+BASE_SCRIPTS = ["ppo.py", "ppo_shared.py"]  # the scripts the copies are made of (present from the start)
+
+
+def load_module(relpath):
+    """Import ROOT/relpath (its folder on sys.path, as when it is run as a script)."""
+    path = ROOT / relpath
+    if str(path.parent) not in sys.path:
+        sys.path.insert(0, str(path.parent))
+    spec = importlib.util.spec_from_file_location(f"_tool_{path.stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+details = load_module("tools/details.py")
+lineage = load_module("tools/lineage.py")
+suites = load_module("benchmark/suites.py")
+report = load_module("benchmark/report.py")
+
+
+def tool(relpath, *args, cwd=ROOT, timeout=60):
+    return subprocess.run(
+        [sys.executable, str(ROOT / relpath), *map(str, args)], cwd=cwd, capture_output=True, text=True, timeout=timeout
+    )
+
+
+@pytest.fixture
+def repo(tmp_path):
+    """A temporary repository root holding copies of ppo.py and ppo_shared.py."""
+    root = tmp_path / "repo"
+    root.mkdir()
+    for s in BASE_SCRIPTS:
+        shutil.copy(ROOT / s, root / s)
+    return root
+
+
+def edit(path, old, new, count=1):
+    text = path.read_text()
+    assert text.count(old) >= 1, f"{old!r} not in {path.name}"
+    path.write_text(text.replace(old, new, count))
+
+
+def drop_tag(path, detail_id):
+    lines = path.read_text().splitlines(keepends=True)
+    kept = [x for x in lines if not re.match(rf"\s*# detail {detail_id}:", x)]
+    assert len(kept) < len(lines), f"no {detail_id} tag in {path.name}"
+    path.write_text("".join(kept))
+
+
+# ------------------------------------------------------------------------------------------- details.py
+
+
+def test_details_generates_a_checklist_whose_links_point_at_the_tags(repo):
+    assert tool("tools/details.py", "--root", repo).returncode == 0
+    text = (repo / "DETAILS.md").read_text()
+    rows = re.findall(r"^\| ([a-z]+-\d+) \|", text, flags=re.M)
+    assert rows == list(details.DETAILS) and len(rows) == 41  # 37 + 4, in the blog's order
+    links = re.findall(r"\[(ppo[\w]*\.py)#L(\d+)\]\(\1#L\2\)", text)
+    assert len(links) == sum(len(details.read_tags(repo / s)[0]) for s in BASE_SCRIPTS)
+    for script, line in links:  # every link lands on a tag line of the detail of its row
+        row = next(r for r in text.splitlines() if f"[{script}#L{line}]" in r)
+        detail_id = row.split("|")[1].strip()
+        assert f"# detail {detail_id}:" in (repo / script).read_text().splitlines()[int(line) - 1]
+    assert "| ppo_atari.py | ppo.py | not yet written |" in text
+    check = tool("tools/details.py", "--check", "--root", repo)
+    assert check.returncode == 0, check.stderr
+
+
+@pytest.mark.parametrize("script,detail_id", [("ppo_shared.py", "core-7"), ("ppo.py", "aux-3"), ("ppo.py", "core-13")])
+def test_details_check_fails_when_a_required_tag_is_missing(repo, script, detail_id):
+    drop_tag(repo / script, detail_id)
+    tool("tools/details.py", "--root", repo)  # regenerate, so that only the missing tag is wrong
+    check = tool("tools/details.py", "--check", "--root", repo)
+    assert check.returncode != 0
+    assert f"{script}: missing required tag(s) {detail_id}" in check.stderr
+    assert "stale" not in check.stderr
+    row = next(r for r in (repo / "DETAILS.md").read_text().splitlines() if r.startswith(f"| {detail_id} |"))
+    assert f"**missing in {script}**" in row
+
+
+def test_details_requirements_follow_the_script(repo):
+    shutil.copy(repo / "ppo.py", repo / "ppo_atari.py")  # a core-only script in the place of the Atari variants
+    shutil.copy(repo / "ppo.py", repo / "ppo_multidiscrete_mask.py")
+    _, problems = details.scan(repo)
+    assert f"ppo_atari.py: missing required tag(s) {', '.join(f'atari-{i}' for i in range(1, 10))}" in problems
+    assert "ppo_multidiscrete_mask.py: missing required tag(s) multidiscrete-1, aux-4" in problems
+    assert not [p for p in problems if p.startswith(("ppo.py", "ppo_shared.py"))]
+
+
+def test_details_flags_unknown_and_malformed_tags_but_not_strings(repo):
+    with open(repo / "ppo.py", "a") as f:
+        f.write('\nNOTE = "# detail core-99: inside a string, not a tag"\n# detail core-14: no such detail\n')
+        f.write("# detail atari-3 EpisodicLife without a colon\n")
+    _, problems = details.scan(repo)
+    assert len(problems) == 2
+    assert "unknown detail id 'core-14'" in problems[0]
+    assert "malformed tag" in problems[1] and "atari-3" in problems[1]
+
+
+def test_details_check_detects_a_stale_details_md(repo):
+    assert tool("tools/details.py", "--root", repo).returncode == 0
+    edit(repo / "ppo.py", "import os\n", "import os\n\n")  # every tag below moves one line down
+    check = tool("tools/details.py", "--check", "--root", repo)
+    assert check.returncode != 0 and "DETAILS.md is stale" in check.stderr
+    assert tool("tools/details.py", "--root", repo).returncode == 0
+    assert tool("tools/details.py", "--check", "--root", repo).returncode == 0
+    edit(repo / "DETAILS.md", "Adam epsilon", "Adam eps")
+    assert "DETAILS.md is stale" in tool("tools/details.py", "--check", "--root", repo).stderr
+    (repo / "DETAILS.md").unlink()
+    assert "DETAILS.md does not exist" in tool("tools/details.py", "--check", "--root", repo).stderr
+
+
+def test_details_check_passes_on_the_repository_quickly():
+    start = time.time()
+    check = tool("tools/details.py", "--check", timeout=40)
+    assert check.returncode == 0, check.stderr
+    assert time.time() - start < 20
+
+
+# ------------------------------------------------------------------------------------------- lineage.py
+
+
+def test_changed_lines_counts_plus_minus_lines_without_the_headers(tmp_path):
+    (tmp_path / "a.py").write_text("a\nb\n-- c\nd\n")
+    (tmp_path / "b.py").write_text("a\nB\nd\ne\n")
+    diff = lineage.unified_diff(tmp_path, "a.py", "b.py")
+    assert diff[0].startswith("--- a.py") and diff[1].startswith("+++ b.py")
+    assert "--- c" in diff  # a removed line that looks like a header still counts
+    assert lineage.changed_lines(diff) == 4  # -b, --- c, +B, +e
+
+
+def test_lineage_budgets_hold_on_the_repository():
+    result = tool("tools/lineage.py")
+    assert result.returncode == 0, result.stdout + result.stderr
+    rows = [line.split() for line in result.stdout.splitlines()[1:]]
+    measured = [r for r in rows if r[2].isdigit()]
+    assert any(r[0] == "ppo_shared.py" for r in measured)
+    for child, _, changed, budget, *_ in measured:
+        assert int(changed) <= int(budget) == lineage.BUDGETS[child]
+
+
+@pytest.mark.parametrize("extra,over", [(40, False), (41, True)])
+def test_lineage_fails_on_an_over_budget_pair(repo, extra, over):
+    shutil.copy(repo / "ppo.py", repo / "ppo_shared.py")
+    with open(repo / "ppo_shared.py", "a") as f:
+        f.writelines(f"# added line {i}\n" for i in range(extra))
+    result = tool("tools/lineage.py", "--root", repo)
+    row = next(line for line in result.stdout.splitlines() if line.startswith("ppo_shared.py"))
+    assert row.split()[2] == str(extra)
+    assert (result.returncode != 0) == over
+    assert ("OVER by 1" in row) == over
+
+
+def test_lineage_diff_and_html(repo, tmp_path):
+    result = tool("tools/lineage.py", "--diff", "ppo_shared", "--root", repo)
+    assert result.returncode == 0 and result.stdout.startswith("--- ppo.py\n+++ ppo_shared.py\n@@")
+    assert lineage.changed_lines(result.stdout.splitlines()) == lineage.changed_lines(
+        lineage.unified_diff(repo, "ppo.py", "ppo_shared.py")
+    )
+    assert tool("tools/lineage.py", "--diff", "ppo_nothing", "--root", repo).returncode == 2
+    assert tool("tools/lineage.py", "--diff", "ppo_atari", "--root", repo).returncode == 2  # not yet written
+    out = tmp_path / "html"
+    assert tool("tools/lineage.py", "--html", "--out", out, "--root", repo).returncode == 0
+    page, index = out / "ppo_shared.html", (out / "index.html").read_text()
+    assert "hidden&nbsp;=&nbsp;self.network(x)</span>" in page.read_text()  # an added line, side by side
+    assert "href='ppo_shared.html'" in index and "ppo_continuous_action" not in index
+
+
+def test_shared_passages_agree_on_the_repository():
+    result = tool("tools/lineage.py", "--check-shared")
+    assert result.returncode == 0, result.stderr
+
+
+WRAPPER = """
+
+class NoopResetEnv(gym.Wrapper):
+    def __init__(self, env, noop_max=30):
+        super().__init__(env)
+        self.noop_max = noop_max
+"""
+
+
+@pytest.mark.parametrize(
+    "change,expected",
+    [
+        (("ppo_shared.py", "constant_(layer.bias, bias_const)", "zeros_(layer.bias)"), "layer_init"),
+        (("ppo_shared.py", '"""the surrogate clipping coefficient"""', '"""epsilon"""'), "Args.clip_coef"),
+        (("ppo_shared.py", "gamma: float = 0.99", "gamma: float = 0.98"), "Args.gamma"),
+        (("ppo_shared.py", "num_envs: int = 4", "num_envs: int = 8"), "Args.num_envs"),  # allowed for atari, not here
+        (("ppo_shared.py", "seed: int = 1", "seed: float = 1"), "Args.seed"),
+        (("ppo_atari_lstm.py", "noop_max=30", "noop_max=20"), "NoopResetEnv differs"),
+    ],
+)
+def test_shared_passages_check_fails_on_a_modified_copy(repo, change, expected):
+    for atari in ("ppo_atari.py", "ppo_atari_lstm.py"):  # two Atari scripts sharing a wrapper class
+        (repo / atari).write_text((repo / "ppo.py").read_text() + WRAPPER)
+        edit(repo / atari, "num_envs: int = 4", "num_envs: int = 8")  # a default the Atari domain may change
+    assert tool("tools/lineage.py", "--check-shared", "--root", repo).returncode == 0
+    script, old, new = change
+    edit(repo / script, old, new)
+    result = tool("tools/lineage.py", "--check-shared", "--root", repo)
+    assert result.returncode != 0
+    assert expected in result.stderr
+
+
+# ------------------------------------------------------------------------------------- benchmark: suites
+
+
+def read_reference():
+    with open(ROOT / "benchmark" / "reference.csv", newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def test_reference_csv_matches_the_suites():
+    rows = read_reference()
+    assert list(rows[0])[:6] == ["env", "script", "steps", "seeds", "mean", "std"] and "source" in rows[0]
+    assert all(r["source"] and float(r["std"]) >= 0 and not math.isnan(float(r["mean"])) for r in rows)
+    assert len({(r["env"], r["script"], r["baseline"]) for r in rows}) == len(rows) == 24  # 4 tables x 3 envs x 2
+    family = report._family
+    for name in ("classic", "atari", "atari_lstm", "mujoco"):  # the suites that reproduce a published table
+        suite = suites.SUITES[name]
+        for script in suite.scripts:
+            for env in suite.envs:
+                refs = [r for r in rows if r["script"] == script and family(r["env"]) == family(env)]
+                assert {r["baseline"] for r in refs} == {"ppo2", "cleanrl"}, (name, env)
+                assert all(int(r["steps"]) == suite.steps and int(r["seeds"]) == 3 for r in refs)
+    for r in rows:  # and every published row is reproduced by a suite
+        assert any(r["script"] in s.scripts and family(r["env"]) in map(family, s.envs) for s in suites.SUITES.values())
+
+
+def test_suites_print_the_commands():
+    result = tool("benchmark/suites.py", "classic")
+    lines = result.stdout.splitlines()
+    assert result.returncode == 0 and len(lines) == 9
+    for env in ("CartPole-v1", "Acrobot-v1", "MountainCar-v0"):
+        for seed in (1, 2, 3):
+            assert f"python ppo.py --env-id {env} --seed {seed} --total-timesteps 500000" in lines
+    result = tool("benchmark/suites.py", "atari", "--seeds", "2", "--envs", "PongNoFrameskip-v4", "--", "--cuda")
+    assert result.stdout.split("  #")[0].strip() == (
+        "python ppo_atari.py --env-id PongNoFrameskip-v4 --seed 2 --total-timesteps 10000000 --cuda"
+    )
+    assert tool("benchmark/suites.py", "no_such_suite").returncode == 2
+    listing = tool("benchmark/suites.py").stdout
+    assert all(name in listing for name in suites.SUITES)
+
+
+def test_suites_run_the_commands_in_order(tmp_path, monkeypatch):
+    fake = tmp_path / "fake"
+    fake.mkdir()
+    log = tmp_path / "calls.txt"
+    (fake / "ppo.py").write_text(f"import sys\nopen({str(log)!r}, 'a').write(' '.join(sys.argv[1:]) + '\\n')\n")
+    monkeypatch.setattr(suites, "ROOT", fake)
+    monkeypatch.chdir(tmp_path)
+    argv = ["classic", "--run", "--seeds", "1", "2", "--envs", "Acrobot-v1", "--steps", "1024", "--", "--no-cuda"]
+    assert suites.main(argv) == 0
+    assert log.read_text().splitlines() == [
+        f"--env-id Acrobot-v1 --seed {seed} --total-timesteps 1024 --no-cuda" for seed in (1, 2)
+    ]
+    (fake / "ppo.py").write_text("import sys\nsys.exit(3)\n")
+    assert suites.main(argv) == 1  # a failed run fails the suite
+    assert suites.main(["atari", "--run"]) == 2  # ppo_atari.py is not in the fake repository: nothing runs
+
+
+# ------------------------------------------------------------------------------------- benchmark: report
+
+
+def write_run(runs, name, returns, last_step):
+    """A run directory with episodic returns [(step, value)] one second apart from 10 s on, and a final loss scalar."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    writer = SummaryWriter(str(runs / name))
+    t0 = time.time()  # the writer's first event (the file version) was written just now
+    for i, (step, value) in enumerate(returns):
+        writer.add_scalar("charts/episodic_return", value, step, walltime=t0 + 10 + i)
+    writer.add_scalar("losses/value_loss", 1.0, last_step, walltime=t0 + 10 + len(returns))
+    writer.close()
+
+
+@pytest.fixture(scope="module")
+def runs_dir(tmp_path_factory):
+    runs = tmp_path_factory.mktemp("report") / "runs"
+    for seed in (1, 2, 3):  # 150 episodes, values i + 10*seed
+        write_run(runs, f"CartPole-v1__ppo__{seed}__1000", [((i + 1) * 100, i + 10 * seed) for i in range(150)], 20000)
+    write_run(runs, "CartPole-v1__ppo__1__999", [(100, -5.0)], 100)  # an older run of seed 1: ignored
+    write_run(runs, "ALE/Pong-v5__ppo_atari_ale_vector__1__1000", [(1000, -21.0), (2000, -20.0)], 4096)
+    write_run(runs, "not_a_run_name", [(1, 1.0)], 1)
+    return runs
+
+
+def test_report_finds_and_parses_runs_including_nested_env_ids(runs_dir):
+    assert report.parse_run_name("ALE/Pong-v5__ppo_atari__7__1700000000") == ("ALE/Pong-v5", "ppo_atari", 7, 1700000000)
+    assert report.parse_run_name("CartPole-v1__ppo__x__1") is None
+    found, skipped = report.find_runs(runs_dir)
+    assert sorted((r.env, r.exp, r.seed, r.timestamp) for r in found) == [
+        ("ALE/Pong-v5", "ppo_atari_ale_vector", 1, 1000),
+        ("CartPole-v1", "ppo", 1, 999),
+        ("CartPole-v1", "ppo", 1, 1000),
+        ("CartPole-v1", "ppo", 2, 1000),
+        ("CartPole-v1", "ppo", 3, 1000),
+    ]
+    assert [p.name for p in skipped] == ["not_a_run_name"]
+    run = report.load(next(r for r in found if r.seed == 2 and r.timestamp == 1000))
+    assert [v for _, _, v in run.returns] == [float(i + 20) for i in range(150)]
+    assert run.last_step == 20000 and 9 < run.returns[0][1] - run.start_time < 15
+
+
+def test_report_curves_average_over_seeds_against_steps_and_wall_time(runs_dir):
+    found, _ = report.find_runs(runs_dir)
+    runs = [report.load(r) for r in found if r.env == "CartPole-v1" and r.timestamp == 1000]
+    np.testing.assert_allclose(report.trailing_mean([1, 2, 3, 4], 2), [1, 1.5, 2.5, 3.5])
+    grid, mean, std, count = report.curve(runs, x="step", window=100)
+    assert grid[0] == 100 and grid[-1] == 20000 and (count == 3).all()  # to the last logged step, holding the value
+    ends = [report.trailing_mean([v for _, _, v in r.returns], 100)[-1] for r in runs]
+    assert mean[-1] == pytest.approx(np.mean(ends)) and std[-1] == pytest.approx(np.std(ends))
+    grid, mean, _, _ = report.curve(runs, x="time", window=100)
+    assert 9 < grid[0] < 15 and 158 < grid[-1] < 165  # seconds since each run's first event
+    assert mean[-1] == pytest.approx(np.mean(ends))
+
+
+def test_report_writes_figures_and_the_table(runs_dir, tmp_path):
+    out = tmp_path / "report"
+    result = tool("benchmark/report.py", runs_dir, "--out", out)
+    assert result.returncode == 0, result.stderr
+    for png in ("CartPole-v1.png", "ALE_Pong-v5.png"):
+        assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    text = (out / "README.md").read_text()
+    per_seed = [np.mean([i + 10 * seed for i in range(50, 150)]) for seed in (1, 2, 3)]  # last 100 episodes
+    ours = f"{np.mean(per_seed):.2f} ± {np.std(per_seed):.2f}"
+    ref = {r["baseline"]: r for r in read_reference() if r["env"] == "CartPole-v1" and r["script"] == "ppo.py"}
+    row = next(line for line in text.splitlines() if line.startswith("| CartPole-v1 | ppo.py |"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[2:4] == ["1, 2, 3", "20k"]
+    assert cells[5] == ours
+    assert cells[6].startswith(f"{float(ref['ppo2']['mean']):.2f} ± {float(ref['ppo2']['std']):.2f} @ 500k")
+    assert cells[7] == f"{np.mean(per_seed) / float(ref['ppo2']['mean']):.2f}"
+    assert cells[9] == f"{np.mean(per_seed) / float(ref['cleanrl']['mean']):.2f}"
+    pong = next(line for line in text.splitlines() if line.startswith("| ALE/Pong-v5 |"))
+    assert "-20.50 ± 0.00" in pong and pong.count("—") == 4  # no published table for ALE/Pong-v5
+    assert "![CartPole-v1](CartPole-v1.png)" in text and "not_a_run_name" in text and "__999" in text
+    with open(out / "summary.csv", newline="") as f:
+        summary = {r["env"]: r for r in csv.DictReader(f)}
+    np.testing.assert_allclose([float(v) for v in summary["CartPole-v1"]["per_seed"].split()], per_seed)
+    assert tool("benchmark/report.py", tmp_path / "empty_nothing", "--out", out).returncode != 0
