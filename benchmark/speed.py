@@ -1,0 +1,110 @@
+"""Speed table: env-only throughput vs training steps per second, for each variant script, on this machine.
+
+    python benchmark/speed.py                       # every script that exists, default sizes
+    python benchmark/speed.py ppo.py ppo_shared.py  # some scripts
+    python benchmark/speed.py --repeats 3 --train-steps 30720 ppo.py
+
+For each script: env-only throughput (random actions through the script's own `make_envs`, so the same wrappers
+and vector env), and training SPS measured from the TensorBoard events of a run of the script itself, between
+the end of its warm-up iterations and its last iteration (imports, env creation and the first iterations are
+excluded). Each figure is the median of `--repeats` runs. Runs happen one at a time; keep the machine otherwise idle.
+"""
+
+import argparse
+import importlib.util
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# script -> (env id, extra training flags, training steps, warm-up iterations)
+DEFAULTS = {
+    "ppo.py": ("CartPole-v1", [], 30720, 5),
+    "ppo_shared.py": ("CartPole-v1", [], 30720, 5),
+    "ppo_continuous_action.py": ("HalfCheetah-v4", [], 16384, 1),
+    "ppo_atari.py": ("BreakoutNoFrameskip-v4", [], 8192, 1),
+    "ppo_atari_ale_vector.py": ("BreakoutNoFrameskip-v4", [], 8192, 1),
+    "ppo_atari_lstm.py": ("BreakoutNoFrameskip-v4", [], 8192, 1),
+    "ppo_atari_multigpu.py": ("BreakoutNoFrameskip-v4", [], 8192, 1),
+}
+
+
+def load(path):
+    spec = importlib.util.spec_from_file_location(Path(path).stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def env_only_sps(path, env_id, seconds=5.0):
+    """Steps per second of the script's vector env under uniformly random actions."""
+    module = load(path)
+    args = module.Args(env_id=env_id)
+    module.check_args(args)
+    envs = module.make_envs(args, "speed")
+    envs.reset(seed=1)
+    envs.action_space.seed(1)
+    for _ in range(20):
+        envs.step(envs.action_space.sample())
+    steps, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        envs.step(envs.action_space.sample())
+        steps += args.num_envs
+    envs.close()
+    return steps / (time.perf_counter() - start)
+
+
+def training_sps(path, env_id, flags, total_steps, warmup_iterations):
+    """Steps per second of a training run after its warm-up iterations, from its own TensorBoard events."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    with tempfile.TemporaryDirectory() as tmp:
+        cmd = [sys.executable, str(path), "--env-id", env_id, "--total-timesteps", str(total_steps), *flags]
+        res = subprocess.run(cmd, cwd=tmp, capture_output=True, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        if res.returncode != 0:
+            raise RuntimeError(f"{' '.join(cmd)} failed:\n{res.stderr[-2000:]}")
+        (run_dir,) = {p.parent for p in Path(tmp, "runs").rglob("events.out.tfevents.*")}
+        acc = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
+        acc.Reload()
+        events = acc.Scalars("charts/learning_rate")  # one per iteration, logged at its end
+        if len(events) <= warmup_iterations + 1:
+            raise RuntimeError(f"{path}: too few iterations ({len(events)}) for {warmup_iterations} warm-up ones")
+        first, last = events[warmup_iterations], events[-1]
+        return (last.step - first.step) / (last.wall_time - first.wall_time)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("scripts", nargs="*", help="script paths (default: every variant that exists)")
+    parser.add_argument("--repeats", type=int, default=3, help="runs per figure; the median is reported")
+    parser.add_argument("--train-steps", type=int, help="override each script's training steps")
+    parser.add_argument("--env-id", help="override each script's env id")
+    parser.add_argument("--env-seconds", type=float, default=5.0, help="seconds per env-only measurement")
+    opts = parser.parse_args()
+    scripts = opts.scripts or [s for s in DEFAULTS if (ROOT / s).exists()]
+    rows = []
+    for script in scripts:
+        path = Path(script) if Path(script).exists() else ROOT / script
+        env_id, flags, steps, warmup = DEFAULTS.get(path.name, DEFAULTS["ppo.py"])
+        env_id, steps = opts.env_id or env_id, opts.train_steps or steps
+        env_runs, train_runs = [], []
+        for _ in range(opts.repeats):  # interleaved, so slow phases of the machine hit both alike
+            env_runs.append(env_only_sps(path, env_id, opts.env_seconds))
+            train_runs.append(training_sps(path, env_id, flags, steps, warmup))
+        env_sps, train_sps = statistics.median(env_runs), statistics.median(train_runs)
+        rows.append((str(script), env_id, env_sps, train_sps, train_sps / env_sps, train_runs))
+        print(f"measured {script}: env-only {env_sps:,.0f}, training {train_sps:,.0f} ({train_runs})", flush=True)
+    print(f"\nmedian of {opts.repeats}; {os.cpu_count()} CPUs; {time.strftime('%Y-%m-%d')}\n")
+    print("| script | env | env-only steps/s | training SPS | training / env-only |")
+    print("|---|---|---|---|---|")
+    for script, env_id, env_sps, train_sps, ratio, _ in rows:
+        print(f"| {script} | {env_id} | {env_sps:,.0f} | {train_sps:,.0f} | {ratio:.2f} |")
+
+
+if __name__ == "__main__":
+    main()
