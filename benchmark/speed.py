@@ -89,7 +89,7 @@ def main():
     scripts = opts.scripts or [s for s in DEFAULTS if (ROOT / s).exists()]
     rows = []
     for script in scripts:
-        path = Path(script) if Path(script).exists() else ROOT / script
+        path = (Path(script) if Path(script).exists() else ROOT / script).resolve()
         env_id, flags, steps, warmup = DEFAULTS.get(path.name, DEFAULTS["ppo.py"])
         env_id, steps = opts.env_id or env_id, opts.train_steps or steps
         env_runs, train_runs = [], []
