@@ -119,7 +119,10 @@ def check_args(args):
     try:
         gym.spec(args.env_id)
     except gym.error.Error:
-        return f"unknown environment id '{args.env_id}' (not registered in gymnasium); check its name and version"
+        return (
+            f"unknown environment id '{args.env_id}' (not registered in gymnasium); check its name and version "
+            "(Atari ids run with ppo_atari.py, MuJoCo ones with ppo_continuous_action.py)"
+        )
     atari = args.env_id.endswith("NoFrameskip-v4") or (args.env_id.startswith("ALE/") and args.env_id.endswith("-v5"))
     if not atari or gym.spec(args.env_id).entry_point != "ale_py.env:AtariEnv":
         return f"{os.path.basename(__file__)} needs an Atari id, <Game>NoFrameskip-v4 or ALE/<Game>-v5, not '{args.env_id}'"

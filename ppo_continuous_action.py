@@ -120,7 +120,10 @@ def check_args(args):
     try:
         gym.spec(args.env_id)
     except gym.error.Error:
-        return f"unknown environment id '{args.env_id}' (not registered in gymnasium); check its name and version"
+        return (
+            f"unknown environment id '{args.env_id}' (not registered in gymnasium); check its name and version "
+            "(Atari ids run with ppo_atari.py, MuJoCo ones with ppo_continuous_action.py)"
+        )
     return None
 
 

@@ -295,6 +295,7 @@ def test_same_seed_same_losses(tmp_path):
     [
         (["--env-id", "NoSuchEnv-v0"], "unknown environment id 'NoSuchEnv-v0'"),
         (["--env-id", "Pendulum-v1"], "use ppo_continuous_action.py"),
+        (["--env-id", "BreakoutNoFrameskip-v4"], "Atari ids run with ppo_atari.py"),
         (["--num-minibatches", "3"], "does not divide the batch of 512"),
         (["--total-timesteps", "100"], "smaller than one batch"),
         (["--resume", "missing.pt"], "checkpoint 'missing.pt' does not exist"),
