@@ -134,6 +134,11 @@ def check_env(envs):
             f"{os.path.basename(__file__)} needs a Box action space, but the environment has "
             f"{envs.single_action_space}; for Discrete actions use ppo.py"
         )
+    if len(envs.single_observation_space.shape) != 1:
+        return (
+            f"{os.path.basename(__file__)} needs flat (1-D) observations, but the environment's have shape "
+            f"{envs.single_observation_space.shape}; for image observations use ppo_atari.py"
+        )
     return None
 
 
@@ -353,13 +358,13 @@ def set_rng_states(states):
         torch.cuda.set_rng_state_all(states["cuda"])
 
 
-def save_checkpoint(path, agent, optimizer, envs, args, run_name, iteration, rng, wandb_id=None):
+def save_checkpoint(path, agent, optimizer, envs, args, run_name, iteration, rng, wandb_id=None, normalize=None):
     """Write the state after `iteration` atomically (a temporary file in the same folder, then a rename)."""
     checkpoint = {
         "script": os.path.basename(__file__),
         "model": agent.state_dict(),
         "optimizer": optimizer.state_dict(),
-        "normalize": envs.state_dict(),  # the observation and return statistics the policy was trained with
+        "normalize": normalize or envs.state_dict(),  # the observation and return statistics the policy was trained with
         "args": asdict(args),
         "run_name": run_name,
         "iteration": iteration,
@@ -434,6 +439,8 @@ if __name__ == "__main__":
     args = tyro.cli(Args)
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
     if args.eval_checkpoint:
+        if args.eval_episodes < 1:
+            sys.exit(f"error: --eval-episodes is {args.eval_episodes}; evaluate at least 1 episode")
         returns = evaluate(args.eval_checkpoint, args.eval_episodes, device)
         print(f"eval: {len(returns)} episodes, mean return {np.mean(returns):.2f} +- {np.std(returns):.2f}")
         sys.exit(0)
@@ -521,6 +528,7 @@ if __name__ == "__main__":
     try:
         for iteration in range(start_iteration, args.num_iterations + 1):
             rng_at_start = rng_states()  # a rollout cut short checkpoints the iteration before it, with these
+            normalize_at_start = envs.state_dict()  # and these statistics (not updated by the partial rollout)
             # detail core-4: learning-rate annealing, linearly from lr to 0 over the iterations
             frac = 1.0 - (iteration - 1.0) / args.num_iterations
             if args.anneal_lr:
@@ -635,7 +643,8 @@ if __name__ == "__main__":
     if stop.signum and rng_at_start is not None and completed >= start_iteration:
         # no lost work: the state after the last completed iteration
         rng = rng_states() if completed == iteration else rng_at_start
-        save_checkpoint(checkpoint_path, agent, optimizer, envs, args, run_name, completed, rng, wandb_id)
+        normalize = envs.state_dict() if completed == iteration else normalize_at_start
+        save_checkpoint(checkpoint_path, agent, optimizer, envs, args, run_name, completed, rng, wandb_id, normalize)
         print(f"checkpoint of iteration {completed} (step {completed * args.batch_size}) written to {checkpoint_path}")
         print(f"continue with: python {os.path.basename(__file__)} --resume {checkpoint_path}")
 

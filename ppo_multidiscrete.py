@@ -410,6 +410,8 @@ if __name__ == "__main__":
     args = tyro.cli(Args)
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
     if args.eval_checkpoint:
+        if args.eval_episodes < 1:
+            sys.exit(f"error: --eval-episodes is {args.eval_episodes}; evaluate at least 1 episode")
         returns = evaluate(args.eval_checkpoint, args.eval_episodes, device)
         print(f"eval: {len(returns)} episodes, mean return {np.mean(returns):.2f} +- {np.std(returns):.2f}")
         sys.exit(0)

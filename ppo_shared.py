@@ -131,6 +131,11 @@ def check_env(envs):
             f"{os.path.basename(__file__)} needs a Discrete action space, but the environment has "
             f"{envs.single_action_space}; for Box (continuous) actions use ppo_continuous_action.py"
         )
+    if len(envs.single_observation_space.shape) != 1:
+        return (
+            f"{os.path.basename(__file__)} needs flat (1-D) observations, but the environment's have shape "
+            f"{envs.single_observation_space.shape}; for image observations use ppo_atari.py"
+        )
     return None
 
 
@@ -360,6 +365,8 @@ if __name__ == "__main__":
     args = tyro.cli(Args)
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
     if args.eval_checkpoint:
+        if args.eval_episodes < 1:
+            sys.exit(f"error: --eval-episodes is {args.eval_episodes}; evaluate at least 1 episode")
         returns = evaluate(args.eval_checkpoint, args.eval_episodes, device)
         print(f"eval: {len(returns)} episodes, mean return {np.mean(returns):.2f} +- {np.std(returns):.2f}")
         sys.exit(0)

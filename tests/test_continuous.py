@@ -2,8 +2,12 @@
 
 import ast
 import math
+import os
 import re
+import signal
 import subprocess
+import sys
+import time
 from pathlib import Path
 
 import gymnasium as gym
@@ -15,6 +19,7 @@ from tbutil import read_scalars
 
 SCRIPT = "ppo_continuous_action.py"
 ONE_THREAD = {"OMP_NUM_THREADS": "1"}  # tiny networks: one thread is much faster on a shared 2-core machine
+ONE_THREAD_ENV = {**os.environ, "PYTHONUNBUFFERED": "1", **ONE_THREAD}
 
 
 @pytest.fixture(scope="module")
@@ -288,6 +293,28 @@ def test_resume_restores_stats_and_eval_freezes_them(cont, tmp_path, monkeypatch
     for name, rms in (("obs", envs.obs_rms), ("ret", envs.ret_rms)):  # loaded, and unchanged by 400 eval steps
         for i, key in enumerate(["mean", "var", "count"]):
             assert np.array_equal(np.asarray(getattr(rms, key)), saved[name][i].numpy()), f"{name} {key}"
+
+
+def test_interrupt_mid_rollout_saves_statistics_of_the_completed_iterations(tmp_path):
+    # long rollouts and a one-minibatch update: a signal after iteration 1 almost surely lands in a rollout
+    cmd = [sys.executable, str(ROOT / SCRIPT), "--env-id", "Pendulum-v1", "--num-steps", "4096", "--num-minibatches", "1",
+           "--update-epochs", "1", "--total-timesteps", "409600"]  # fmt: skip
+    proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ONE_THREAD_ENV)
+    out = []
+    for line in proc.stdout:  # the first status line comes after iteration 1
+        out.append(line)
+        if line.startswith("step "):
+            break
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGINT)
+    out.extend(proc.stdout)
+    assert proc.wait(timeout=120) == 130, "".join(out)
+    ckpt = torch.load(next(Path(tmp_path, "runs").rglob("checkpoint.pt")), weights_only=True)
+    k = ckpt["iteration"]
+    assert k >= 1, "".join(out)
+    # after k whole iterations: the reset observation + 4096 per iteration; the cut rollout's steps are not counted
+    assert ckpt["normalize"]["obs"][2].item() == pytest.approx(1e-4 + 1 + 4096 * k, abs=1e-9)
+    assert ckpt["normalize"]["ret"][2].item() == pytest.approx(1e-4 + 4096 * k, abs=1e-9)
 
 
 def test_smoke_run_logs_tensorboard(tmp_path):

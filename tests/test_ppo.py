@@ -6,6 +6,7 @@ import signal
 import subprocess
 import sys
 import time
+from types import SimpleNamespace
 
 import gymnasium as gym
 import numpy as np
@@ -215,6 +216,11 @@ def test_check_args_messages(ppo):
     envs = gym.vector.SyncVectorEnv([lambda: gym.make("Pendulum-v1")])
     assert "ppo_continuous_action.py" in ppo.check_env(envs)
     envs.close()
+    discrete = gym.spaces.Discrete(4)
+    images = SimpleNamespace(single_action_space=discrete, single_observation_space=gym.spaces.Box(0, 255, (84, 84, 3)))
+    assert "use ppo_atari.py" in ppo.check_env(images)
+    flat = SimpleNamespace(single_action_space=discrete, single_observation_space=gym.spaces.Box(0, 1, (8,)))
+    assert ppo.check_env(flat) is None
 
 
 # --- whole runs -------------------------------------------------------------------------------------------
@@ -301,6 +307,7 @@ def test_same_seed_same_losses(tmp_path):
         (["--resume", "missing.pt"], "checkpoint 'missing.pt' does not exist"),
         (["--eval-checkpoint", "corrupt.pt"], "cannot load checkpoint 'corrupt.pt'"),
         (["--resume", "notackpt.pt"], "is not a checkpoint written by this project's scripts"),
+        (["--eval-checkpoint", "corrupt.pt", "--eval-episodes", "0"], "evaluate at least 1 episode"),
     ],
 )
 def test_bad_input_one_clear_line(args, message, tmp_path):
