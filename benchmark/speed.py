@@ -3,6 +3,7 @@
     python benchmark/speed.py                       # every script that exists, default sizes
     python benchmark/speed.py ppo.py ppo_shared.py  # some scripts
     python benchmark/speed.py --repeats 3 --train-steps 30720 ppo.py
+    python benchmark/speed.py --script-args="--torch-threads 2" ppo_atari.py   # flags added to each training run
 
 For each script: env-only throughput (random actions through the script's own `make_envs`, so the same wrappers
 and vector env), and training SPS measured from the TensorBoard events of a run of the script itself, between
@@ -13,6 +14,7 @@ excluded). Each figure is the median of `--repeats` runs. Runs happen one at a t
 import argparse
 import importlib.util
 import os
+import shlex
 import statistics
 import subprocess
 import sys
@@ -85,6 +87,7 @@ def main():
     parser.add_argument("--train-steps", type=int, help="override each script's training steps")
     parser.add_argument("--env-id", help="override each script's env id")
     parser.add_argument("--env-seconds", type=float, default=5.0, help="seconds per env-only measurement")
+    parser.add_argument("--script-args", default="", help="flags added to every training run (one string)")
     opts = parser.parse_args()
     scripts = opts.scripts or [s for s in DEFAULTS if (ROOT / s).exists()]
     rows = []
@@ -92,12 +95,14 @@ def main():
         path = (Path(script) if Path(script).exists() else ROOT / script).resolve()
         env_id, flags, steps, warmup = DEFAULTS.get(path.name, DEFAULTS["ppo.py"])
         env_id, steps = opts.env_id or env_id, opts.train_steps or steps
+        flags = [*flags, *shlex.split(opts.script_args)]
         env_runs, train_runs = [], []
         for _ in range(opts.repeats):  # interleaved, so slow phases of the machine hit both alike
             env_runs.append(env_only_sps(path, env_id, opts.env_seconds))
             train_runs.append(training_sps(path, env_id, flags, steps, warmup))
         env_sps, train_sps = statistics.median(env_runs), statistics.median(train_runs)
-        rows.append((str(script), env_id, env_sps, train_sps, train_sps / env_sps, train_runs))
+        label = f"{script} {opts.script_args}".strip()
+        rows.append((label, env_id, env_sps, train_sps, train_sps / env_sps, train_runs))
         print(f"measured {script}: env-only {env_sps:,.0f}, training {train_sps:,.0f} ({train_runs})", flush=True)
     print(f"\nmedian of {opts.repeats}; {os.cpu_count()} CPUs; {time.strftime('%Y-%m-%d')}\n")
     print("| script | env | env-only steps/s | training SPS | training / env-only |")

@@ -1,5 +1,6 @@
 """ppo_atari.py: each Atari wrapper on a real ROM, the Nature-CNN, whole runs in subprocesses, the diff budget."""
 
+import copy
 import re
 import shutil
 import subprocess
@@ -281,6 +282,23 @@ def test_pixels_scaled_inside_the_network(atari):
     assert re.search(r"\n    obs = torch\.zeros\(.*dtype=torch\.uint8\)", source)
 
 
+def test_channels_last_computes_the_same_function(atari):
+    envs = SimpleNamespace(
+        single_observation_space=gym.spaces.Box(0, 255, (4, 84, 84), np.uint8), single_action_space=gym.spaces.Discrete(4)
+    )
+    agent = atari.Agent(envs)
+    fast = copy.deepcopy(agent).to(memory_format=torch.channels_last)  # what --channels-last does
+    convs = [m for m in fast.modules() if isinstance(m, torch.nn.Conv2d)]
+    assert convs and all(m.weight.is_contiguous(memory_format=torch.channels_last) for m in convs)
+    assert not agent.network[0].weight.is_contiguous(memory_format=torch.channels_last)
+    x, action = torch.randint(0, 256, (16, 4, 84, 84), dtype=torch.uint8), torch.randint(0, 4, (16,))
+    for a, b in zip(agent.get_action_and_value(x, action)[1:], fast.get_action_and_value(x, action)[1:]):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)  # the same math, rounded differently
+    fast.get_value(x).sum().backward()
+    assert all(m.weight.grad.shape == m.weight.shape for m in convs)
+    assert atari.Args().channels_last is False  # off by default: it changes float rounding
+
+
 def test_env_ids_and_errors(atari):
     for env_id in [BREAKOUT, "PongNoFrameskip-v4", "ALE/Breakout-v5"]:
         assert atari.check_args(atari.Args(env_id=env_id)) is None
@@ -311,7 +329,7 @@ TAGS += ["losses/approx_kl", "losses/clipfrac", "losses/explained_variance"]
 
 def test_smoke_run_video_checkpoint_eval(tmp_path):
     args = ["--num-envs", 2, "--num-steps", 32, "--total-timesteps", 128, "--save-model", "--capture-video"]
-    res = run_script("ppo_atari.py", *args, cwd=tmp_path, env=FAST)
+    res = run_script("ppo_atari.py", *args, "--channels-last", cwd=tmp_path, env=FAST)  # evaluated below without it
     assert res.returncode == 0, res.stderr[-2000:]
     (run_dir,) = run_dirs(tmp_path)
     assert run_dir.name.startswith(f"{BREAKOUT}__ppo_atari__1__")

@@ -35,9 +35,10 @@ BUDGETS = {
 # every other field present in both parent and child must have the same annotation, default and docstring
 _DOMAIN = ["env_id", "total_timesteps", "learning_rate", "num_envs", "num_steps", "num_minibatches", "update_epochs"]
 _DOMAIN += ["clip_coef", "ent_coef"]
+_CNN = ["torch_threads"]  # the CNN scripts keep torch's default threads (a quiet CPU: 1.4-1.6x the SPS of 1 thread)
 ARGS_DEFAULTS_MAY_DIFFER = {
     "ppo_shared.py": [],
-    "ppo_atari.py": _DOMAIN,
+    "ppo_atari.py": _DOMAIN + _CNN,
     "ppo_continuous_action.py": _DOMAIN,
     "ppo_atari_lstm.py": [],
     "ppo_atari_ale_vector.py": ["env_id", "total_timesteps", "num_envs", "num_minibatches", "update_epochs", "clip_coef"],
