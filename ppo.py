@@ -201,18 +201,14 @@ class Agent(nn.Module):
 def compute_gae(rewards, values, dones, next_value, next_done, gamma, gae_lambda):
     """GAE over a (num_steps, num_envs) rollout; dones[t] = 1 when obs[t] begins a new episode."""
     # detail core-5: generalized advantage estimation, returns = advantages + values
-    num_steps = rewards.shape[0]
+    nextnonterminal = 1.0 - torch.cat([dones[1:], next_done.view(1, -1)])  # 0 where obs t+1 begins a new episode
+    nextvalues = torch.cat([values[1:], next_value.view(1, -1)])
+    deltas = rewards + gamma * nextvalues * nextnonterminal - values  # the TD errors of all steps at once
+    decays = gamma * gae_lambda * nextnonterminal
     advantages = torch.zeros_like(rewards)
     lastgaelam = 0
-    for t in reversed(range(num_steps)):
-        if t == num_steps - 1:
-            nextnonterminal = 1.0 - next_done
-            nextvalues = next_value
-        else:
-            nextnonterminal = 1.0 - dones[t + 1]
-            nextvalues = values[t + 1]
-        delta = rewards[t] + gamma * nextvalues * nextnonterminal - values[t]
-        advantages[t] = lastgaelam = delta + gamma * gae_lambda * nextnonterminal * lastgaelam
+    for t in reversed(range(rewards.shape[0])):  # A_t = delta_t + gamma * lambda * A_t+1, within an episode
+        advantages[t] = lastgaelam = deltas[t] + decays[t] * lastgaelam
     returns = advantages + values
     return advantages, returns
 

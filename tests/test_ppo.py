@@ -112,6 +112,33 @@ def test_gae_against_plain_reference(ppo):
     np.testing.assert_allclose(ret.numpy(), expected + values, rtol=1e-10, atol=1e-10)
 
 
+def ppo2_gae_loop(rewards, values, dones, next_value, next_done, gamma, gae_lambda):
+    """ppo2's GAE loop as CleanRL writes it, every quantity computed inside the loop."""
+    num_steps = rewards.shape[0]
+    advantages = torch.zeros_like(rewards)
+    lastgaelam = 0
+    for t in reversed(range(num_steps)):
+        if t == num_steps - 1:
+            nextnonterminal, nextvalues = 1.0 - next_done, next_value
+        else:
+            nextnonterminal, nextvalues = 1.0 - dones[t + 1], values[t + 1]
+        delta = rewards[t] + gamma * nextvalues * nextnonterminal - values[t]
+        advantages[t] = lastgaelam = delta + gamma * gae_lambda * nextnonterminal * lastgaelam
+    return advantages
+
+
+def test_gae_bit_identical_to_the_per_step_loop(ppo):
+    # the TD errors are computed for all steps at once (speed): the float32 results must not change at all
+    gen = torch.Generator().manual_seed(0)
+    for steps, envs in [(128, 4), (2048, 1), (7, 3)]:
+        rewards, values = 3 * torch.randn(steps, envs, generator=gen), torch.randn(steps, envs, generator=gen)
+        dones = (torch.rand(steps, envs, generator=gen) < 0.1).float()
+        next_value, next_done = torch.randn(1, envs, generator=gen), (torch.rand(envs, generator=gen) < 0.5).float()
+        adv, ret = ppo.compute_gae(rewards, values, dones, next_value, next_done, 0.99, 0.95)
+        expected = ppo2_gae_loop(rewards, values, dones, next_value, next_done, 0.99, 0.95)
+        assert adv.dtype == torch.float32 and torch.equal(adv, expected) and torch.equal(ret, expected + values)
+
+
 def test_gae_hand_computed_boundary(ppo):
     # one env, 3 steps; the episode ends after step 1 (obs 2 starts a new one)
     rewards = torch.tensor([[1.0], [2.0], [3.0]])
