@@ -335,6 +335,9 @@ def test_same_seed_same_losses(tmp_path):
         (["--eval-checkpoint", "corrupt.pt"], "cannot load checkpoint 'corrupt.pt'"),
         (["--resume", "notackpt.pt"], "is not a checkpoint written by this project's scripts"),
         (["--eval-checkpoint", "corrupt.pt", "--eval-episodes", "0"], "evaluate at least 1 episode"),
+        (["--learning-rate", "-1"], "--learning-rate and --clip-coef must be at least 0"),
+        (["--max-grad-norm", "-0.5"], "--max-grad-norm above 0"),
+        (["--gamma", "1.5"], "must lie in [0, 1]"),
     ],
 )
 def test_bad_input_one_clear_line(args, message, tmp_path):
