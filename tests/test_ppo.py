@@ -58,6 +58,71 @@ def test_orthogonal_init_scales(script):
     assert n_linear == (6 if script == "ppo.py" else 4)  # core-13: separate vs shared trunk
 
 
+CATEGORICAL_SCRIPTS = ["ppo.py", "ppo_shared.py", "ppo_atari.py", "ppo_atari_ale_vector.py", "ppo_atari_lstm.py"]
+CATEGORICAL_SCRIPTS += ["ppo_atari_multigpu.py"]
+
+
+def written_out_categorical(script):
+    """The lines of a script's policy from its 'Categorical distribution written out' comment to its return."""
+    lines = (ROOT / script).read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if "the Categorical distribution written out" in line)
+    end = next(i for i in range(start, len(lines)) if lines[i].strip().startswith("return "))
+    return lines[start:end]
+
+
+def test_written_out_categorical_is_the_same_in_every_script():
+    reference = written_out_categorical("ppo.py")
+    assert len(reference) >= 5
+    for script in CATEGORICAL_SCRIPTS[1:]:
+        assert written_out_categorical(script) == reference, script
+
+
+def policy_logits(module, agent, x):
+    if hasattr(agent, "network"):  # the Nature-CNN scales the pixels inside the network
+        return agent.actor(agent.network(x / 255.0))
+    return agent.actor(x)
+
+
+@pytest.mark.parametrize("script", ["ppo.py", "ppo_atari.py"])
+def test_policy_is_torch_categorical_bit_for_bit(script):
+    """The written-out policy samples, scores and differentiates exactly as torch's Categorical(logits=...)."""
+    from torch.distributions.categorical import Categorical
+
+    module = load_script(script)
+    if script == "ppo.py":
+        obs_space, x = gym.spaces.Box(-1, 1, (3,)), torch.randn(64, 3)
+    else:
+        obs_space, x = gym.spaces.Box(0, 255, (4, 84, 84), np.uint8), torch.randint(0, 256, (8, 4, 84, 84), dtype=torch.uint8)
+    envs = SimpleNamespace(single_observation_space=obs_space, single_action_space=gym.spaces.Discrete(6))
+    torch.manual_seed(0)
+    agent = module.Agent(envs)
+    for p in agent.actor.parameters():  # sharper logits than the 0.01-scaled head gives, so samples vary
+        p.data.mul_(300.0)
+
+    torch.manual_seed(1)
+    action, logprob, entropy, value = agent.get_action_and_value(x)
+    torch.manual_seed(1)
+    dist = Categorical(logits=policy_logits(module, agent, x))
+    expected_action = dist.sample()
+    assert torch.equal(action, expected_action) and len(set(action.tolist())) > 1
+    assert torch.equal(logprob, dist.log_prob(expected_action)) and torch.equal(entropy, dist.entropy())
+    assert action.shape == logprob.shape == entropy.shape == (x.shape[0],)
+
+    # training path: given actions (stored as floats), same values and same gradients
+    weights = torch.randn(2, x.shape[0])
+    grads = []
+    for written_out in (True, False):
+        agent.zero_grad()
+        if written_out:
+            _, logprob, entropy, _ = agent.get_action_and_value(x, expected_action.float())
+        else:
+            dist = Categorical(logits=policy_logits(module, agent, x))
+            logprob, entropy = dist.log_prob(expected_action.float()), dist.entropy()
+        ((weights[0] * logprob).sum() + (weights[1] * entropy).sum()).backward()
+        grads.append([p.grad.clone() for p in agent.actor.parameters()])
+    assert all(torch.equal(a, b) for a, b in zip(*grads))
+
+
 # core-3
 def test_adam_epsilon(ppo):
     envs = cartpole_envs(ppo)

@@ -23,9 +23,10 @@ from _common import ATARI_SCRIPTS, PARENTS, ROOT, VARIANTS, script_name
 BUDGETS = {
     "ppo_shared.py": 40,
     "ppo_atari.py": 160,
-    "ppo_continuous_action.py": 120,
+    "ppo_continuous_action.py": 127,  # 120 until ppo.py wrote its Categorical out (issue 9): Normal replaces 7 lines
     "ppo_atari_lstm.py": 160,
-    "ppo_multidiscrete.py": 230,  # issue 8 set 160; measured 225: removing the Atari wrappers and CNN alone is ~120 lines
+    "ppo_multidiscrete.py": 235,  # issue 8 set 160; measured 225: removing the Atari wrappers and CNN alone is ~120 lines
+    # (230 until the parents wrote their Categorical out, issue 9: the Categorical import and its settings come back)
     "ppo_multidiscrete_mask.py": 60,
     "ppo_atari_ale_vector.py": 160,  # measured 151 when written
     "ppo_atari_multigpu.py": 120,  # measured 115 when written
