@@ -4,6 +4,10 @@
     python benchmark/speed.py ppo.py ppo_shared.py  # some scripts
     python benchmark/speed.py --repeats 3 --train-steps 30720 ppo.py
     python benchmark/speed.py --script-args="--torch-threads 2" ppo_atari.py   # flags added to each training run
+    python benchmark/speed.py --before ppo.py ppo_atari.py  # also each script's unoptimized baseline: before/after
+
+`--before` runs, next to each script, its frozen baseline `benchmark/baselines/<script>_unoptimized.py`: the same
+algorithm (same seed, same logged numbers) written the usual single-file way, without the overhead removal of issue 9.
 
 For each script: env-only throughput (random actions through the script's own `make_envs`, so the same wrappers
 and vector env), and training SPS measured from the TensorBoard events of a run of the script itself, between
@@ -88,27 +92,45 @@ def main():
     parser.add_argument("--env-id", help="override each script's env id")
     parser.add_argument("--env-seconds", type=float, default=5.0, help="seconds per env-only measurement")
     parser.add_argument("--script-args", default="", help="flags added to every training run (one string)")
+    parser.add_argument("--before", action="store_true", help="also measure each script's unoptimized baseline")
     opts = parser.parse_args()
     scripts = opts.scripts or [s for s in DEFAULTS if (ROOT / s).exists()]
+    # groups measured together, their runs interleaved so that slow phases of the machine hit all alike
+    groups = [[x for x in (baseline_of(s), s) if x] if opts.before else [s] for s in scripts]
     rows = []
-    for script in scripts:
-        path = (Path(script) if Path(script).exists() else ROOT / script).resolve()
-        env_id, flags, steps, warmup = DEFAULTS.get(path.name, DEFAULTS["ppo.py"])
+    for group in groups:
+        paths = [(Path(s) if Path(s).exists() else ROOT / s).resolve() for s in group]
+        env_id, flags, steps, warmup = DEFAULTS.get(paths[-1].name, DEFAULTS["ppo.py"])
         env_id, steps = opts.env_id or env_id, opts.train_steps or steps
         flags = [*flags, *shlex.split(opts.script_args)]
-        env_runs, train_runs = [], []
-        for _ in range(opts.repeats):  # interleaved, so slow phases of the machine hit both alike
-            env_runs.append(env_only_sps(path, env_id, opts.env_seconds))
-            train_runs.append(training_sps(path, env_id, flags, steps, warmup))
-        env_sps, train_sps = statistics.median(env_runs), statistics.median(train_runs)
-        label = f"{script} {opts.script_args}".strip()
-        rows.append((label, env_id, env_sps, train_sps, train_sps / env_sps, train_runs))
-        print(f"measured {script}: env-only {env_sps:,.0f}, training {train_sps:,.0f} ({train_runs})", flush=True)
+        env_runs, train_runs = {p: [] for p in paths}, {p: [] for p in paths}
+        for _ in range(opts.repeats):
+            for path in paths:
+                env_runs[path].append(env_only_sps(path, env_id, opts.env_seconds))
+                train_runs[path].append(training_sps(path, env_id, flags, steps, warmup))
+        for path in paths:
+            env_sps, train_sps = statistics.median(env_runs[path]), statistics.median(train_runs[path])
+            shown = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
+            label = f"{shown} {opts.script_args}".strip()
+            rows.append((label, env_id, env_sps, train_sps, train_sps / env_sps, train_runs[path]))
+            print(f"measured {shown}: env-only {env_sps:,.0f}, training {train_sps:,.0f} ({train_runs[path]})", flush=True)
     print(f"\nmedian of {opts.repeats}; {os.cpu_count()} CPUs; {time.strftime('%Y-%m-%d')}\n")
     print("| script | env | env-only steps/s | training SPS | training / env-only |")
     print("|---|---|---|---|---|")
     for script, env_id, env_sps, train_sps, ratio, _ in rows:
         print(f"| {script} | {env_id} | {env_sps:,.0f} | {train_sps:,.0f} | {ratio:.2f} |")
+    pairs = [(b, a) for b, a in zip(rows, rows[1:]) if "_unoptimized" in b[0] and "_unoptimized" not in a[0]]
+    if pairs:
+        print("\n| script | env | before (unoptimized baseline) | after | after / before |")
+        print("|---|---|---|---|---|")
+        for before, after in pairs:
+            print(f"| {after[0]} | {after[1]} | {before[3]:,.0f} | {after[3]:,.0f} | {after[3] / before[3]:.2f} |")
+
+
+def baseline_of(script):
+    """The unoptimized baseline of a script, as a path string, or None when it has none."""
+    path = ROOT / "benchmark" / "baselines" / (Path(script).stem + "_unoptimized.py")
+    return str(path) if path.exists() else None
 
 
 if __name__ == "__main__":

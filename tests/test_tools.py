@@ -357,3 +357,23 @@ def test_report_writes_figures_and_the_table(runs_dir, tmp_path):
         summary = {r["env"]: r for r in csv.DictReader(f)}
     np.testing.assert_allclose([float(v) for v in summary["CartPole-v1"]["per_seed"].split()], per_seed)
     assert tool("benchmark/report.py", tmp_path / "empty_nothing", "--out", out).returncode != 0
+
+
+# ------------------------------------------------------------------------------------------- speed baselines
+
+
+@pytest.mark.parametrize("baseline", sorted(p.name for p in (ROOT / "benchmark" / "baselines").glob("*_unoptimized.py")))
+def test_speed_baselines_keep_their_scripts_hyper_parameters(baseline):
+    """A before/after speed ratio compares the same algorithm: each frozen baseline's defaults are its script's."""
+    script = load_module(baseline.replace("_unoptimized", ""))
+    frozen = load_module(f"benchmark/baselines/{baseline}")
+    speed_only = {"exp_name", "torch_threads"}  # the baseline keeps torch's default threads, as the usual PPO does
+    ours = {k: v for k, v in vars(script.Args()).items() if k not in speed_only}
+    theirs = {k: v for k, v in vars(frozen.Args()).items() if k not in speed_only}
+    assert {k: theirs.get(k) for k in ours} == ours
+
+
+def test_speed_before_pairs_each_script_with_its_baseline():
+    speed = load_module("benchmark/speed.py")
+    assert speed.baseline_of("ppo_atari.py").endswith("benchmark/baselines/ppo_atari_unoptimized.py")
+    assert speed.baseline_of("ppo_shared.py") is None

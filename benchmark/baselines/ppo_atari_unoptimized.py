@@ -1,0 +1,681 @@
+# SPEED BASELINE ONLY (benchmark/speed.py): ppo_atari.py written the usual single-file way (CleanRL's), without
+# the overhead removal of issue 9: distribution objects with argument checks, tensors re-created from numpy every step,
+# torch.no_grad, the per-step GAE loop, per-tensor Adam and clipping, torch's default threads. Same algorithm and numbers.
+# Derived from ppo_atari.py on 2026-11-30; kept so that 'before' and 'after' can be measured in one run. Not for research.
+import os
+import random
+import signal
+import sys
+import time
+from dataclasses import asdict, dataclass
+
+import ale_py
+import gymnasium as gym
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.optim as optim
+import tyro
+from torch.distributions.categorical import Categorical
+from torch.utils.tensorboard import SummaryWriter
+
+gym.register_envs(ale_py)
+
+
+@dataclass
+class Args:
+    exp_name: str = os.path.basename(__file__)[: -len(".py")]
+    """the name of this experiment"""
+    seed: int = 1
+    """seed of the experiment (python, numpy, torch and the environments)"""
+    torch_deterministic: bool = True
+    """if toggled, `torch.backends.cudnn.deterministic=True`"""
+    cuda: bool = True
+    """if toggled, cuda is used when available"""
+    torch_threads: int = 0
+    """CPU threads for torch (0: torch's default); 1 is fastest for small networks and for runs sharing a machine"""
+    channels_last: bool = False
+    """if toggled, the convolutions' weights are stored channels-last (NHWC): faster on CPUs, float rounding differs"""
+    track: bool = False
+    """if toggled, the run is tracked with Weights and Biases (set WANDB_MODE=offline to work without network)"""
+    wandb_project_name: str = "ppo-details"
+    """the wandb project name"""
+    wandb_entity: str | None = None
+    """the entity (team) of the wandb project"""
+    capture_video: bool = False
+    """if toggled, videos of the first environment's episodes are saved under `videos/`"""
+    save_model: bool = False
+    """if toggled, a checkpoint is written to `runs/{run_name}/checkpoint.pt` (at the end and every `save_every` iterations)"""
+    save_every: int = 50
+    """with `--save-model`: write a checkpoint every this many iterations (0: only at the end)"""
+    resume: str | None = None
+    """path of a checkpoint to continue (the run's own settings are taken from it)"""
+    eval_checkpoint: str | None = None
+    """path of a checkpoint to evaluate instead of training"""
+    eval_episodes: int = 10
+    """with `--eval-checkpoint`: how many episodes to play"""
+
+    # Algorithm specific arguments
+    env_id: str = "BreakoutNoFrameskip-v4"
+    """the id of the environment"""
+    total_timesteps: int = 10000000
+    """total timesteps of the experiments"""
+    learning_rate: float = 2.5e-4
+    """the learning rate of the optimizer"""
+    num_envs: int = 8
+    """the number of parallel game environments"""
+    num_steps: int = 128
+    """the number of steps to run in each environment per policy rollout"""
+    anneal_lr: bool = True
+    """Toggle learning rate annealing for policy and value networks"""
+    gamma: float = 0.99
+    """the discount factor gamma"""
+    gae_lambda: float = 0.95
+    """the lambda for the general advantage estimation"""
+    num_minibatches: int = 4
+    """the number of mini-batches"""
+    update_epochs: int = 4
+    """the K epochs to update the policy"""
+    norm_adv: bool = True
+    """Toggles advantages normalization"""
+    clip_coef: float = 0.1
+    """the surrogate clipping coefficient"""
+    anneal_clip: bool = False
+    """Toggle annealing of the clipping coefficient to 0 with the learning-rate schedule (aux-1)"""
+    clip_vloss: bool = True
+    """Toggles whether or not to use a clipped loss for the value function, as per the paper."""
+    ent_coef: float = 0.01
+    """coefficient of the entropy"""
+    vf_coef: float = 0.5
+    """coefficient of the value function"""
+    max_grad_norm: float = 0.5
+    """the maximum norm for the gradient clipping"""
+    target_kl: float | None = None
+    """the target KL divergence threshold: stop the update's epochs once a minibatch exceeds it (aux-3)"""
+
+    # to be filled in runtime
+    batch_size: int = 0
+    """the batch size (computed in runtime)"""
+    minibatch_size: int = 0
+    """the mini-batch size (computed in runtime)"""
+    num_iterations: int = 0
+    """the number of iterations (computed in runtime)"""
+
+
+def check_args(args):
+    """Fill the computed fields; return a one-line error for settings that cannot train, else None."""
+    args.batch_size = int(args.num_envs * args.num_steps)
+    args.minibatch_size = int(args.batch_size // max(args.num_minibatches, 1))
+    args.num_iterations = args.total_timesteps // max(args.batch_size, 1)
+    if args.num_envs < 1 or args.num_steps < 1 or args.num_minibatches < 1 or args.update_epochs < 1:
+        return "--num-envs, --num-steps, --num-minibatches and --update-epochs must be at least 1"
+    if args.learning_rate < 0 or args.clip_coef < 0 or args.max_grad_norm <= 0:
+        return "--learning-rate and --clip-coef must be at least 0, and --max-grad-norm above 0"
+    if not (0 <= args.gamma <= 1 and 0 <= args.gae_lambda <= 1):
+        return f"--gamma ({args.gamma}) and --gae-lambda ({args.gae_lambda}) must lie in [0, 1]"
+    if args.batch_size % args.num_minibatches != 0:
+        return (
+            f"--num-minibatches {args.num_minibatches} does not divide the batch of {args.batch_size} "
+            f"(num_envs {args.num_envs} x num_steps {args.num_steps}); pick a divisor of {args.batch_size}"
+        )
+    if args.total_timesteps < args.batch_size:
+        return (
+            f"--total-timesteps {args.total_timesteps} is smaller than one batch ({args.batch_size} = "
+            f"num_envs x num_steps); raise it to at least {args.batch_size}"
+        )
+    try:
+        gym.spec(args.env_id)
+    except gym.error.Error:
+        return (
+            f"unknown environment id '{args.env_id}' (not registered in gymnasium); check its name and version "
+            "(Atari ids run with ppo_atari.py, MuJoCo ones with ppo_continuous_action.py)"
+        )
+    atari = args.env_id.endswith("NoFrameskip-v4") or (args.env_id.startswith("ALE/") and args.env_id.endswith("-v5"))
+    if not atari or gym.spec(args.env_id).entry_point != "ale_py.env:AtariEnv":
+        return f"{os.path.basename(__file__)} needs an Atari id, <Game>NoFrameskip-v4 or ALE/<Game>-v5, not '{args.env_id}'"
+    return None
+
+
+def check_env(envs):
+    """Return a one-line error when this script cannot handle the environment, else None."""
+    if not isinstance(envs.single_action_space, gym.spaces.Discrete):
+        return (
+            f"{os.path.basename(__file__)} needs a Discrete action space, but the environment has "
+            f"{envs.single_action_space}; for Box (continuous) actions use ppo_continuous_action.py"
+        )
+    return None
+
+
+class NoopResetEnv(gym.Wrapper):
+    """On reset, take a random number of no-op frames in [1, noop_max]."""
+
+    def __init__(self, env, noop_max=30):
+        super().__init__(env)
+        self.noop_max = noop_max
+
+    def reset(self, **kwargs):
+        obs, info = self.env.reset(**kwargs)
+        for _ in range(self.unwrapped.np_random.integers(1, self.noop_max + 1)):
+            obs, _, terminated, truncated, info = self.env.step(0)
+            if terminated or truncated:
+                obs, info = self.env.reset(**kwargs)
+        return obs, info
+
+
+class MaxAndSkipEnv(gym.Wrapper):
+    """Repeat the action `skip` frames, sum the rewards, observe the pixel-wise max of the last two frames."""
+
+    def __init__(self, env, skip=4):
+        super().__init__(env)
+        self.skip = skip
+        self.frames = np.zeros((2,) + env.observation_space.shape, dtype=env.observation_space.dtype)
+
+    def step(self, action):
+        total_reward = 0.0
+        for i in range(self.skip):
+            obs, reward, terminated, truncated, info = self.env.step(action)
+            if i >= self.skip - 2:
+                self.frames[i - (self.skip - 2)] = obs
+            total_reward += reward
+            if terminated or truncated:
+                break
+        return self.frames.max(axis=0), total_reward, terminated, truncated, info
+
+
+class EpisodicLifeEnv(gym.Wrapper):
+    """A life loss ends the episode for learning; the game itself is reset only when it is really over."""
+
+    lives, real_done = 0, True
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        self.real_done = terminated or truncated
+        lives = self.unwrapped.ale.lives()
+        if 0 < lives < self.lives:
+            terminated = True
+        self.lives = lives
+        return obs, reward, terminated, truncated, info
+
+    def reset(self, **kwargs):
+        if self.real_done:
+            obs, info = self.env.reset(**kwargs)
+        else:  # after a life loss: a no-op step instead of a reset, the game goes on
+            obs, _, terminated, truncated, info = self.env.step(0)
+            if terminated or truncated:
+                obs, info = self.env.reset(**kwargs)
+        self.lives = self.unwrapped.ale.lives()
+        return obs, info
+
+
+class FireResetEnv(gym.Wrapper):
+    """On reset, press FIRE (then action 2) for games that wait for it."""
+
+    def reset(self, **kwargs):
+        self.env.reset(**kwargs)
+        for action in (1, 2):
+            obs, _, terminated, truncated, info = self.env.step(action)
+            if terminated or truncated:
+                obs, info = self.env.reset(**kwargs)
+        return obs, info
+
+
+def make_env(env_id, idx, capture_video, run_name):
+    def thunk():
+        # frameskip=1 as MaxAndSkip skips; ALE/<Game>-v5 keeps its sticky actions (0.25), NoFrameskip-v4 and ppo2 have none
+        if capture_video and idx == 0:
+            env = gym.make(env_id, frameskip=1, obs_type="grayscale", render_mode="rgb_array")
+            env = gym.wrappers.RecordVideo(env, f"videos/{run_name}")
+        else:
+            env = gym.make(env_id, frameskip=1, obs_type="grayscale")
+        # detail atari-1: NoopReset, 1 to 30 no-op frames at reset
+        env = NoopResetEnv(env, noop_max=30)
+        # detail atari-2: MaxAndSkip, repeat each action 4 frames, observe the max of the last 2
+        env = MaxAndSkipEnv(env, skip=4)
+        # below EpisodicLife and ClipReward (as baselines' Monitor): logs the real, unclipped, all-lives game return
+        env = gym.wrappers.RecordEpisodeStatistics(env)
+        # detail atari-3: EpisodicLife, a life loss ends the learning episode, the game goes on
+        env = EpisodicLifeEnv(env)
+        # detail atari-4: FireReset, press FIRE at reset for games that wait for it
+        env = FireResetEnv(env) if "FIRE" in env.unwrapped.get_action_meanings() else env
+        # detail atari-5: WarpFrame, 84x84 grayscale (ALE's gray screen, resized by area averaging as baselines' cv2)
+        env = gym.wrappers.ResizeObservation(env, (84, 84))
+        # detail atari-6: ClipReward, the sign of the reward (learning only; the logged return is unclipped)
+        env = gym.wrappers.TransformReward(env, lambda r: float(np.sign(r)))
+        # detail atari-7: FrameStack, the last 4 frames (zeros before an episode's first, as ppo2's VecFrameStack)
+        env = gym.wrappers.FrameStackObservation(env, 4, padding_type="zero")
+        return env
+
+    return thunk
+
+
+def make_envs(args, run_name, num_envs=None):
+    # detail core-1: vectorized architecture (N envs stepped together; ppo2 autoreset: same step)
+    return gym.vector.SyncVectorEnv(
+        [make_env(args.env_id, i, args.capture_video, run_name) for i in range(num_envs or args.num_envs)],
+        autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
+    )
+
+
+def layer_init(layer, std=np.sqrt(2), bias_const=0.0):
+    # detail core-2: orthogonal weight init, constant 0 bias
+    torch.nn.init.orthogonal_(layer.weight, std)
+    torch.nn.init.constant_(layer.bias, bias_const)
+    return layer
+
+
+class Agent(nn.Module):
+    def __init__(self, envs):
+        super().__init__()
+        # detail atari-8: shared Nature-CNN (32 8x8/4, 64 4x4/2, 64 3x3/1, 512 fc, ReLU) under policy and value heads
+        self.network = nn.Sequential(
+            layer_init(nn.Conv2d(envs.single_observation_space.shape[0], 32, 8, stride=4)),
+            nn.ReLU(),
+            layer_init(nn.Conv2d(32, 64, 4, stride=2)),
+            nn.ReLU(),
+            layer_init(nn.Conv2d(64, 64, 3, stride=1)),
+            nn.ReLU(),
+            nn.Flatten(),
+            layer_init(nn.Linear(64 * 7 * 7, 512)),
+            nn.ReLU(),
+        )
+        # detail core-13: one trunk shared by the policy and value heads
+        self.actor = layer_init(nn.Linear(512, envs.single_action_space.n), std=0.01)
+        self.critic = layer_init(nn.Linear(512, 1), std=1.0)
+
+    def get_value(self, x):
+        # detail atari-9: scale pixels to [0, 1] inside the network (observations stay uint8)
+        return self.critic(self.network(x / 255.0))
+
+    def get_action_and_value(self, x, action=None):
+        hidden = self.network(x / 255.0)
+        logits = self.actor(hidden)
+        probs = Categorical(logits=logits)
+        if action is None:
+            action = probs.sample()
+        return action, probs.log_prob(action), probs.entropy(), self.critic(hidden)
+
+
+def compute_gae(rewards, values, dones, next_value, next_done, gamma, gae_lambda):
+    """GAE over a (num_steps, num_envs) rollout; dones[t] = 1 when obs[t] begins a new episode."""
+    # detail core-5: generalized advantage estimation, returns = advantages + values
+    num_steps = rewards.shape[0]
+    advantages = torch.zeros_like(rewards)
+    lastgaelam = 0
+    for t in reversed(range(num_steps)):
+        if t == num_steps - 1:
+            nextnonterminal = 1.0 - next_done
+            nextvalues = next_value
+        else:
+            nextnonterminal = 1.0 - dones[t + 1]
+            nextvalues = values[t + 1]
+        delta = rewards[t] + gamma * nextvalues * nextnonterminal - values[t]
+        advantages[t] = lastgaelam = delta + gamma * gae_lambda * nextnonterminal * lastgaelam
+    returns = advantages + values
+    return advantages, returns
+
+
+def ppo_loss(newlogprob, entropy, newvalue, oldlogprob, advantages, returns, oldvalues, args, clip_coef):
+    """Return (loss, pg_loss, v_loss, entropy_loss, old_approx_kl, approx_kl, clipfrac) for one minibatch."""
+    logratio = newlogprob - oldlogprob
+    ratio = logratio.exp()
+    with torch.no_grad():
+        # detail core-12: debug variables (approx KL, http://joschu.net/blog/kl-approx.html, and clip fraction)
+        old_approx_kl = (-logratio).mean()
+        approx_kl = ((ratio - 1) - logratio).mean()
+        clipfrac = ((ratio - 1.0).abs() > clip_coef).float().mean()
+
+    if args.norm_adv:
+        # detail core-7: advantage normalization, per minibatch
+        advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+
+    # detail core-8: clipped surrogate objective, max(-A*r, -A*clip(r, 1-eps, 1+eps))
+    pg_loss1 = -advantages * ratio
+    pg_loss2 = -advantages * torch.clamp(ratio, 1 - clip_coef, 1 + clip_coef)
+    pg_loss = torch.max(pg_loss1, pg_loss2).mean()
+
+    newvalue = newvalue.view(-1)
+    if args.clip_vloss:
+        # detail core-9: value loss clipping, 0.5*max((V-R)^2, (V_old + clip(V-V_old, -eps, eps) - R)^2)
+        v_loss_unclipped = (newvalue - returns) ** 2
+        v_clipped = oldvalues + torch.clamp(newvalue - oldvalues, -clip_coef, clip_coef)
+        v_loss_clipped = (v_clipped - returns) ** 2
+        v_loss = 0.5 * torch.max(v_loss_unclipped, v_loss_clipped).mean()
+    else:
+        v_loss = 0.5 * ((newvalue - returns) ** 2).mean()
+
+    entropy_loss = entropy.mean()
+    # detail core-10: overall loss = policy loss - ent_coef * entropy + vf_coef * value loss
+    loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
+    return loss, pg_loss, v_loss, entropy_loss, old_approx_kl, approx_kl, clipfrac
+
+
+def make_optimizer(agent, args):
+    # detail core-3: Adam epsilon 1e-5 (ppo2's value, not PyTorch's 1e-8); foreach: same math in fewer ops
+    return optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
+
+
+def minibatches(b_inds, minibatch_size):
+    """Shuffle the batch indices in place and split them into minibatches that cover the batch once."""
+    # detail core-6: mini-batch updates, shuffled, each epoch visits every sample exactly once
+    np.random.shuffle(b_inds)
+    return [b_inds[start : start + minibatch_size] for start in range(0, len(b_inds), minibatch_size)]
+
+
+def gradient_step(optimizer, loss, max_grad_norm):
+    optimizer.zero_grad()
+    loss.backward()
+    # detail core-11: global gradient clipping, the norm over all parameters at most max_grad_norm (0.5)
+    nn.utils.clip_grad_norm_([p for group in optimizer.param_groups for p in group["params"]], max_grad_norm)
+    optimizer.step()
+
+
+def rng_states():
+    """The RNG states of python, numpy and torch as tensors and plain types (loadable with weights_only=True)."""
+    np_state = np.random.get_state()
+    return {
+        "python": random.getstate(),
+        "numpy": [np_state[0], torch.from_numpy(np_state[1].copy()), *np_state[2:]],
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+    }
+
+
+def set_rng_states(states):
+    random.setstate(tuple(s if not isinstance(s, list) else tuple(s) for s in states["python"]))
+    name, key, pos, has_gauss, cached = states["numpy"]
+    np.random.set_state((name, key.numpy(), pos, has_gauss, cached))
+    torch.set_rng_state(states["torch"])
+    if states["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(states["cuda"])
+
+
+def save_checkpoint(path, agent, optimizer, args, run_name, iteration, rng, wandb_id=None):
+    """Write the state after `iteration` atomically (a temporary file in the same folder, then a rename)."""
+    checkpoint = {
+        "script": os.path.basename(__file__),
+        "model": agent.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "args": asdict(args),
+        "run_name": run_name,
+        "iteration": iteration,
+        "global_step": iteration * args.batch_size,
+        "rng": rng,
+        "wandb_id": wandb_id,
+    }
+    tmp_path = f"{path}.tmp{os.getpid()}"
+    torch.save(checkpoint, tmp_path)
+    os.replace(tmp_path, path)
+
+
+def load_checkpoint(path):
+    """Load a checkpoint as tensors and plain types only (no code can run); exit with one line if unusable."""
+    if not os.path.isfile(path):
+        sys.exit(f"error: checkpoint '{path}' does not exist")
+    try:
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # any failure to unpickle means the file is unusable
+        reason = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        sys.exit(f"error: cannot load checkpoint '{path}': corrupt, or holds more than tensors and plain types ({reason})")
+    needed = {"script", "model", "optimizer", "args", "run_name", "iteration", "global_step", "rng"}
+    if not isinstance(checkpoint, dict) or not needed <= checkpoint.keys():
+        sys.exit(f"error: '{path}' is not a checkpoint written by this project's scripts")
+    if checkpoint["script"] != os.path.basename(__file__):
+        sys.exit(f"error: '{path}' was written by {checkpoint['script']}; load it with that script")
+    return checkpoint
+
+
+def args_from_checkpoint(checkpoint):
+    return Args(**{k: v for k, v in checkpoint["args"].items() if k in Args.__dataclass_fields__})
+
+
+class StopRequest:
+    """Ctrl-C or SIGTERM asks the loop to stop at the next safe point; a second signal stops at once."""
+
+    def __init__(self):
+        self.signum = None
+        signal.signal(signal.SIGINT, self.handler)
+        signal.signal(signal.SIGTERM, self.handler)
+
+    def handler(self, signum, frame):
+        if self.signum is not None:
+            raise KeyboardInterrupt
+        self.signum = signum
+        print(f"\n{signal.Signals(signum).name} received: stopping after a checkpoint (send again to stop now)", flush=True)
+
+
+def evaluate(checkpoint_path, eval_episodes, device):
+    """Play `eval_episodes` episodes with a checkpoint's policy (actions sampled) and return their returns."""
+    checkpoint = load_checkpoint(checkpoint_path)
+    args = args_from_checkpoint(checkpoint)
+    args.capture_video = False
+    envs = make_envs(args, checkpoint["run_name"] + "-eval", num_envs=1)
+    agent = Agent(envs).to(device)
+    agent.load_state_dict(checkpoint["model"])
+    returns = []
+    obs, _ = envs.reset(seed=args.seed)
+    while len(returns) < eval_episodes:
+        with torch.no_grad():
+            action, _, _, _ = agent.get_action_and_value(torch.Tensor(obs).to(device))
+        obs, _, _, _, infos = envs.step(action.cpu().numpy())
+        if "episode" in infos.get("final_info", {}) and infos["final_info"]["_episode"].any():
+            returns.append(float(infos["final_info"]["episode"]["r"][0]))
+    envs.close()
+    return returns
+
+
+if __name__ == "__main__":
+    args = tyro.cli(Args)
+    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+    if args.eval_checkpoint:
+        if args.eval_episodes < 1:
+            sys.exit(f"error: --eval-episodes is {args.eval_episodes}; evaluate at least 1 episode")
+        returns = evaluate(args.eval_checkpoint, args.eval_episodes, device)
+        print(f"eval: {len(returns)} episodes, mean return {np.mean(returns):.2f} +- {np.std(returns):.2f}")
+        sys.exit(0)
+    checkpoint = None
+    if args.resume:  # the run continues with its own settings; only --resume and --cuda are taken from the command line
+        checkpoint = load_checkpoint(args.resume)
+        resume, cuda, args = args.resume, args.cuda, args_from_checkpoint(checkpoint)
+        args.resume, args.cuda = resume, cuda
+    error = check_args(args)
+    if error:
+        sys.exit(f"error: {error}")
+    run_name = checkpoint["run_name"] if checkpoint else f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
+
+    # TRY NOT TO MODIFY: seeding
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    torch.backends.cudnn.deterministic = args.torch_deterministic
+    if args.torch_threads > 0:
+        torch.set_num_threads(args.torch_threads)  # speed: tiny matmuls lose more to thread hand-offs than they gain
+
+    # env setup
+    envs = make_envs(args, run_name)
+    error = check_env(envs)
+    if error:
+        envs.close()
+        sys.exit(f"error: {error}")
+
+    agent = Agent(envs).to(device)
+    if args.channels_last:  # speed: oneDNN's NHWC convolution kernels (the same math, rounded differently)
+        agent = agent.to(memory_format=torch.channels_last)
+    optimizer = make_optimizer(agent, args)
+    start_iteration, wandb_id = 1, None
+    if checkpoint:
+        try:
+            agent.load_state_dict(checkpoint["model"])
+            optimizer.load_state_dict(checkpoint["optimizer"])
+        except (RuntimeError, ValueError, KeyError) as e:
+            sys.exit(f"error: '{args.resume}' does not fit this network: {str(e).strip().splitlines()[0]}")
+        start_iteration, wandb_id = checkpoint["iteration"] + 1, checkpoint["wandb_id"]
+        set_rng_states(checkpoint["rng"])
+    global_step = (start_iteration - 1) * args.batch_size
+
+    if args.track:
+        import wandb
+
+        wandb.init(
+            project=args.wandb_project_name,
+            entity=args.wandb_entity,
+            sync_tensorboard=True,
+            config=vars(args),
+            name=run_name,
+            id=wandb_id,
+            resume="allow",
+            save_code=True,
+        )
+        wandb_id = wandb.run.id
+    # on resume, the events an interrupted run logged after its checkpoint are purged
+    writer = SummaryWriter(f"runs/{run_name}", purge_step=global_step + 1 if checkpoint else None)
+    if not checkpoint:
+        writer.add_text(
+            "hyperparameters",
+            "|param|value|\n|-|-|\n%s" % ("\n".join([f"|{key}|{value}|" for key, value in vars(args).items()])),
+        )
+    checkpoint_path = f"runs/{run_name}/checkpoint.pt"
+
+    # ALGO Logic: Storage setup
+    # observations stored as uint8, as ppo2 does (4x less memory than float32)
+    obs = torch.zeros((args.num_steps, args.num_envs) + envs.single_observation_space.shape, dtype=torch.uint8).to(device)
+    actions = torch.zeros((args.num_steps, args.num_envs) + envs.single_action_space.shape).to(device)
+    logprobs = torch.zeros((args.num_steps, args.num_envs)).to(device)
+    rewards = torch.zeros((args.num_steps, args.num_envs)).to(device)
+    dones = torch.zeros((args.num_steps, args.num_envs)).to(device)
+    values = torch.zeros((args.num_steps, args.num_envs)).to(device)
+
+    # TRY NOT TO MODIFY: start the game
+    start_time, start_step, last_print, recent_returns = time.time(), global_step, 0.0, []
+    env_seed = int(np.random.randint(2**31 - 1)) if checkpoint else args.seed  # on resume, episodes restart
+    next_obs, _ = envs.reset(seed=env_seed)
+    next_obs = torch.as_tensor(next_obs, device=device)
+    next_done = torch.zeros(args.num_envs).to(device)
+    stop = StopRequest()
+    completed, rng_at_start = start_iteration - 1, None
+    print(f"training {run_name}: iterations {start_iteration}..{args.num_iterations} of {args.batch_size} steps", flush=True)
+
+    try:
+        for iteration in range(start_iteration, args.num_iterations + 1):
+            rng_at_start = rng_states()  # a rollout cut short checkpoints the iteration before it, with these
+            # detail core-4: learning-rate annealing, linearly from lr to 0 over the iterations
+            frac = 1.0 - (iteration - 1.0) / args.num_iterations
+            if args.anneal_lr:
+                optimizer.param_groups[0]["lr"] = frac * args.learning_rate
+            # detail aux-1: clip-range annealing, same schedule as the learning rate (off by default)
+            clip_coef = frac * args.clip_coef if args.anneal_clip else args.clip_coef
+
+            for step in range(args.num_steps):
+                if stop.signum:
+                    break
+                global_step += args.num_envs
+                obs[step] = next_obs
+                dones[step] = next_done
+
+                # ALGO LOGIC: action logic
+                with torch.no_grad():
+                    action, logprob, _, value = agent.get_action_and_value(next_obs)
+                    values[step] = value.flatten()
+                actions[step] = action
+                logprobs[step] = logprob
+
+                # TRY NOT TO MODIFY: execute the game and log data.
+                next_obs, reward, terminations, truncations, infos = envs.step(action.cpu().numpy())
+                rewards[step] = torch.tensor(reward).to(device).view(-1)
+                next_obs = torch.Tensor(next_obs).to(device)
+                next_done = torch.Tensor(np.logical_or(terminations, truncations)).to(device)
+
+                if "episode" in infos.get("final_info", {}):  # an episode ended (Atari: a game, not a life)
+                    ended, episode = infos["final_info"]["_episode"], infos["final_info"]["episode"]
+                    for r, length in zip(episode["r"][ended], episode["l"][ended]):
+                        writer.add_scalar("charts/episodic_return", r, global_step)
+                        writer.add_scalar("charts/episodic_length", length, global_step)
+                        recent_returns = (recent_returns + [float(r)])[-20:]
+            if stop.signum:
+                break
+
+            # bootstrap value if not done
+            with torch.no_grad():
+                next_value = agent.get_value(next_obs).reshape(1, -1)
+                advantages, returns = compute_gae(rewards, values, dones, next_value, next_done, args.gamma, args.gae_lambda)
+
+            # flatten the batch
+            b_obs = obs.reshape((-1,) + envs.single_observation_space.shape)
+            b_logprobs = logprobs.reshape(-1)
+            b_actions = actions.reshape((-1,) + envs.single_action_space.shape).long()
+            b_advantages = advantages.reshape(-1)
+            b_returns = returns.reshape(-1)
+            b_values = values.reshape(-1)
+
+            # Optimizing the policy and value network
+            b_inds = np.arange(args.batch_size)
+            stats, kl_stop = [], False
+            for _epoch in range(args.update_epochs):
+                for mb_inds in minibatches(b_inds, args.minibatch_size):
+                    mb_inds = torch.from_numpy(mb_inds).to(device)
+                    _, newlogprob, entropy, newvalue = agent.get_action_and_value(b_obs[mb_inds], b_actions[mb_inds])
+                    loss, *mb_stats = ppo_loss(
+                        newlogprob,
+                        entropy,
+                        newvalue,
+                        b_logprobs[mb_inds],
+                        b_advantages[mb_inds],
+                        b_returns[mb_inds],
+                        b_values[mb_inds],
+                        args,
+                        clip_coef,
+                    )
+                    gradient_step(optimizer, loss, args.max_grad_norm)
+                    stats.append(torch.stack(mb_stats))
+
+                    # detail aux-3: early stopping once a minibatch's approx KL exceeds the target (off by default)
+                    kl_stop = args.target_kl is not None and mb_stats[4].item() > args.target_kl
+                    if kl_stop:
+                        break
+                if kl_stop:
+                    break
+
+            # detail core-12: debug variables, means over the update's minibatches (as ppo2 logs them)
+            pg_loss, v_loss, entropy_loss, old_approx_kl, approx_kl, clipfrac = torch.stack(stats).mean(0).tolist()
+            y_pred, y_true = b_values.cpu().numpy(), b_returns.cpu().numpy()
+            var_y = np.var(y_true)
+            explained_var = np.nan if var_y == 0 else 1 - np.var(y_true - y_pred) / var_y
+            completed = iteration
+
+            # TRY NOT TO MODIFY: record rewards for plotting purposes
+            writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
+            writer.add_scalar("charts/clip_coef", clip_coef, global_step)
+            writer.add_scalar("charts/update_epochs", len(stats) / args.num_minibatches, global_step)
+            writer.add_scalar("losses/value_loss", v_loss, global_step)
+            writer.add_scalar("losses/policy_loss", pg_loss, global_step)
+            writer.add_scalar("losses/entropy", entropy_loss, global_step)
+            writer.add_scalar("losses/old_approx_kl", old_approx_kl, global_step)
+            writer.add_scalar("losses/approx_kl", approx_kl, global_step)
+            writer.add_scalar("losses/clipfrac", clipfrac, global_step)
+            writer.add_scalar("losses/explained_variance", explained_var, global_step)
+            sps = int((global_step - start_step) / (time.time() - start_time))
+            writer.add_scalar("charts/SPS", sps, global_step)
+            if time.time() - last_print > 10 or iteration == args.num_iterations:
+                last_print = time.time()
+                recent = f"{np.mean(recent_returns):.1f}" if recent_returns else "n/a"
+                print(f"step {global_step}/{args.num_iterations * args.batch_size} | return {recent} (last 20) | SPS {sps}")
+
+            at_save_point = args.save_every and iteration % args.save_every == 0
+            if args.save_model and (at_save_point or iteration == args.num_iterations):
+                save_checkpoint(checkpoint_path, agent, optimizer, args, run_name, iteration, rng_states(), wandb_id)
+            if stop.signum:
+                break
+    except KeyboardInterrupt:  # a second signal: stop at once, still closing the logs (no checkpoint)
+        stop.signum, rng_at_start = stop.signum or signal.SIGINT, None
+    if stop.signum and rng_at_start is not None and completed >= start_iteration:
+        # no lost work: the state after the last completed iteration
+        rng = rng_states() if completed == iteration else rng_at_start
+        save_checkpoint(checkpoint_path, agent, optimizer, args, run_name, completed, rng, wandb_id)
+        print(f"checkpoint of iteration {completed} (step {completed * args.batch_size}) written to {checkpoint_path}")
+        print(f"continue with: python {os.path.basename(__file__)} --resume {checkpoint_path}")
+
+    envs.close()
+    writer.close()
+    exit_code = 128 + stop.signum if stop.signum else 0
+    if args.track:
+        wandb.finish(exit_code=exit_code)
+    sys.exit(exit_code)

@@ -1,0 +1,661 @@
+# SPEED BASELINE ONLY (benchmark/speed.py): ppo_continuous_action.py written the usual single-file way (CleanRL's), without
+# the overhead removal of issue 9: distribution objects with argument checks, tensors re-created from numpy every step,
+# torch.no_grad, the per-step GAE loop, per-tensor Adam and clipping, torch's default threads. Same algorithm and numbers.
+# Derived from ppo_continuous_action.py on 2026-11-30; kept so that 'before' and 'after' can be measured in one run. Not for research.
+import os
+import random
+import signal
+import sys
+import time
+from dataclasses import asdict, dataclass
+
+import gymnasium as gym
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.optim as optim
+import tyro
+from gymnasium.wrappers.utils import RunningMeanStd
+from torch.distributions.normal import Normal
+from torch.utils.tensorboard import SummaryWriter
+
+
+
+@dataclass
+class Args:
+    exp_name: str = os.path.basename(__file__)[: -len(".py")]
+    """the name of this experiment"""
+    seed: int = 1
+    """seed of the experiment (python, numpy, torch and the environments)"""
+    torch_deterministic: bool = True
+    """if toggled, `torch.backends.cudnn.deterministic=True`"""
+    cuda: bool = True
+    """if toggled, cuda is used when available"""
+    torch_threads: int = 0
+    """CPU threads for torch (0: torch's default); 1 is fastest for small networks and for runs sharing a machine"""
+    track: bool = False
+    """if toggled, the run is tracked with Weights and Biases (set WANDB_MODE=offline to work without network)"""
+    wandb_project_name: str = "ppo-details"
+    """the wandb project name"""
+    wandb_entity: str | None = None
+    """the entity (team) of the wandb project"""
+    capture_video: bool = False
+    """if toggled, videos of the first environment's episodes are saved under `videos/`"""
+    save_model: bool = False
+    """if toggled, a checkpoint is written to `runs/{run_name}/checkpoint.pt` (at the end and every `save_every` iterations)"""
+    save_every: int = 50
+    """with `--save-model`: write a checkpoint every this many iterations (0: only at the end)"""
+    resume: str | None = None
+    """path of a checkpoint to continue (the run's own settings are taken from it)"""
+    eval_checkpoint: str | None = None
+    """path of a checkpoint to evaluate instead of training"""
+    eval_episodes: int = 10
+    """with `--eval-checkpoint`: how many episodes to play"""
+
+    # Algorithm specific arguments
+    env_id: str = "HalfCheetah-v4"
+    """the id of the environment"""
+    total_timesteps: int = 1000000
+    """total timesteps of the experiments"""
+    learning_rate: float = 3e-4
+    """the learning rate of the optimizer"""
+    num_envs: int = 1
+    """the number of parallel game environments"""
+    num_steps: int = 2048
+    """the number of steps to run in each environment per policy rollout"""
+    anneal_lr: bool = True
+    """Toggle learning rate annealing for policy and value networks"""
+    gamma: float = 0.99
+    """the discount factor gamma"""
+    gae_lambda: float = 0.95
+    """the lambda for the general advantage estimation"""
+    num_minibatches: int = 32
+    """the number of mini-batches"""
+    update_epochs: int = 10
+    """the K epochs to update the policy"""
+    norm_adv: bool = True
+    """Toggles advantages normalization"""
+    clip_coef: float = 0.2
+    """the surrogate clipping coefficient"""
+    anneal_clip: bool = False
+    """Toggle annealing of the clipping coefficient to 0 with the learning-rate schedule (aux-1)"""
+    clip_vloss: bool = True
+    """Toggles whether or not to use a clipped loss for the value function, as per the paper."""
+    ent_coef: float = 0.0
+    """coefficient of the entropy"""
+    vf_coef: float = 0.5
+    """coefficient of the value function"""
+    max_grad_norm: float = 0.5
+    """the maximum norm for the gradient clipping"""
+    target_kl: float | None = None
+    """the target KL divergence threshold: stop the update's epochs once a minibatch exceeds it (aux-3)"""
+    bootstrap_truncated: bool = False
+    """at a time-limit truncation, bootstrap with the value of the final observation (off: treated as terminal, as ppo2)"""
+
+    # to be filled in runtime
+    batch_size: int = 0
+    """the batch size (computed in runtime)"""
+    minibatch_size: int = 0
+    """the mini-batch size (computed in runtime)"""
+    num_iterations: int = 0
+    """the number of iterations (computed in runtime)"""
+
+
+def check_args(args):
+    """Fill the computed fields; return a one-line error for settings that cannot train, else None."""
+    args.batch_size = int(args.num_envs * args.num_steps)
+    args.minibatch_size = int(args.batch_size // max(args.num_minibatches, 1))
+    args.num_iterations = args.total_timesteps // max(args.batch_size, 1)
+    if args.num_envs < 1 or args.num_steps < 1 or args.num_minibatches < 1 or args.update_epochs < 1:
+        return "--num-envs, --num-steps, --num-minibatches and --update-epochs must be at least 1"
+    if args.learning_rate < 0 or args.clip_coef < 0 or args.max_grad_norm <= 0:
+        return "--learning-rate and --clip-coef must be at least 0, and --max-grad-norm above 0"
+    if not (0 <= args.gamma <= 1 and 0 <= args.gae_lambda <= 1):
+        return f"--gamma ({args.gamma}) and --gae-lambda ({args.gae_lambda}) must lie in [0, 1]"
+    if args.batch_size % args.num_minibatches != 0:
+        return (
+            f"--num-minibatches {args.num_minibatches} does not divide the batch of {args.batch_size} "
+            f"(num_envs {args.num_envs} x num_steps {args.num_steps}); pick a divisor of {args.batch_size}"
+        )
+    if args.total_timesteps < args.batch_size:
+        return (
+            f"--total-timesteps {args.total_timesteps} is smaller than one batch ({args.batch_size} = "
+            f"num_envs x num_steps); raise it to at least {args.batch_size}"
+        )
+    try:
+        gym.spec(args.env_id)
+    except gym.error.Error:
+        return (
+            f"unknown environment id '{args.env_id}' (not registered in gymnasium); check its name and version "
+            "(Atari ids run with ppo_atari.py, MuJoCo ones with ppo_continuous_action.py)"
+        )
+    return None
+
+
+def check_env(envs):
+    """Return a one-line error when this script cannot handle the environment, else None."""
+    if not isinstance(envs.single_action_space, gym.spaces.Box):
+        return (
+            f"{os.path.basename(__file__)} needs a Box action space, but the environment has "
+            f"{envs.single_action_space}; for Discrete actions use ppo.py"
+        )
+    if len(envs.single_observation_space.shape) != 1:
+        return (
+            f"{os.path.basename(__file__)} needs flat (1-D) observations, but the environment's have shape "
+            f"{envs.single_observation_space.shape}; for image observations use ppo_atari.py"
+        )
+    return None
+
+
+def make_env(env_id, idx, capture_video, run_name):
+    def thunk():
+        if capture_video and idx == 0:
+            os.environ.setdefault("MUJOCO_GL", "egl")  # headless rendering; MuJoCo is first imported by gym.make
+            env = gym.make(env_id, render_mode="rgb_array")
+            env = gym.wrappers.RecordVideo(env, f"videos/{run_name}")
+        else:
+            env = gym.make(env_id)
+        env = gym.wrappers.RecordEpisodeStatistics(env)
+        # detail continuous-5: the env clips actions to its bounds; the unclipped sample is stored and scored
+        env = gym.wrappers.ClipAction(env) if isinstance(env.action_space, gym.spaces.Box) else env  # else: check_env
+        return env
+
+    return thunk
+
+
+def make_envs(args, run_name, num_envs=None):
+    # detail core-1: vectorized architecture (N envs stepped together; ppo2 autoreset: same step)
+    envs = gym.vector.SyncVectorEnv(
+        [make_env(args.env_id, i, args.capture_video, run_name) for i in range(num_envs or args.num_envs)],
+        autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
+    )
+    return VecNormalize(envs, args.gamma)
+
+
+class VecNormalize(gym.vector.VectorWrapper):
+    """ppo2's VecNormalize: one set of running statistics for all envs, frozen while `training` is False."""
+
+    def __init__(self, envs, gamma, clip=10.0, epsilon=1e-8):
+        super().__init__(envs)
+        self.obs_rms, self.ret_rms = RunningMeanStd(shape=envs.single_observation_space.shape), RunningMeanStd(shape=())
+        self.rms = {"obs": self.obs_rms, "ret": self.ret_rms}
+        self.returns, self.gamma, self.clip, self.epsilon, self.training = np.zeros(envs.num_envs), gamma, clip, epsilon, True
+
+    def normalize(self, obs, update=True):
+        if self.training and update:
+            self.obs_rms.update(obs)
+        # detail continuous-6: observation normalization, (obs - running mean) / running std
+        obs = (obs - self.obs_rms.mean) / np.sqrt(self.obs_rms.var + self.epsilon)
+        # detail continuous-7: observation clipping to [-10, 10]
+        return np.clip(obs, -self.clip, self.clip).astype(np.float32)
+
+    def reset(self, **kwargs):
+        obs, infos = self.env.reset(**kwargs)
+        self.returns[:] = 0
+        return self.normalize(obs), infos
+
+    def step(self, actions):
+        obs, rewards, terminations, truncations, infos = self.env.step(actions)
+        # detail continuous-8: reward scaling, divided by the running std of the discounted return (the script's gamma)
+        self.returns = self.returns * self.gamma + rewards
+        if self.training:
+            self.ret_rms.update(self.returns)
+        # detail continuous-9: reward clipping to [-10, 10]
+        rewards = np.clip(rewards / np.sqrt(self.ret_rms.var + self.epsilon), -self.clip, self.clip)
+        self.returns[terminations | truncations] = 0
+        obs = self.normalize(obs)
+        for i in np.flatnonzero(infos.get("_final_obs", [])):  # an ended episode's last obs: normalized, not counted
+            infos["final_obs"][i] = self.normalize(infos["final_obs"][i], update=False)
+        return obs, rewards, terminations, truncations, infos
+
+    def state_dict(self):  # float64 tensors: checkpoints load with weights_only=True
+        return {n: [torch.tensor(x, dtype=torch.float64) for x in (r.mean, r.var, r.count)] for n, r in self.rms.items()}
+
+    def load_state_dict(self, state):
+        for n, r in self.rms.items():
+            r.mean, r.var, r.count = (x.numpy() for x in state[n])
+
+
+def layer_init(layer, std=np.sqrt(2), bias_const=0.0):
+    # detail core-2: orthogonal weight init, constant 0 bias
+    torch.nn.init.orthogonal_(layer.weight, std)
+    torch.nn.init.constant_(layer.bias, bias_const)
+    return layer
+
+
+class Agent(nn.Module):
+    def __init__(self, envs):
+        super().__init__()
+        obs_dim = np.array(envs.single_observation_space.shape).prod()
+        # detail core-13: separate MLP networks for policy and value (64-64 tanh each)
+        # detail continuous-4: separate 64-64 tanh actor (action mean, head std 0.01) and critic (head std 1.0)
+        self.critic = nn.Sequential(
+            layer_init(nn.Linear(obs_dim, 64)),
+            nn.Tanh(),
+            layer_init(nn.Linear(64, 64)),
+            nn.Tanh(),
+            layer_init(nn.Linear(64, 1), std=1.0),
+        )
+        self.actor = nn.Sequential(
+            layer_init(nn.Linear(obs_dim, 64)),
+            nn.Tanh(),
+            layer_init(nn.Linear(64, 64)),
+            nn.Tanh(),
+            layer_init(nn.Linear(64, int(np.prod(envs.single_action_space.shape))), std=0.01),
+        )
+        # detail continuous-2: state-independent log standard deviation, a parameter initialised to 0
+        self.actor_logstd = nn.Parameter(torch.zeros(1, int(np.prod(envs.single_action_space.shape))))
+
+    def get_value(self, x):
+        return self.critic(x)
+
+    def get_action_and_value(self, x, action=None):
+        action_mean = self.actor(x)
+        # detail continuous-1: actions from a Normal distribution
+        probs = Normal(action_mean, self.actor_logstd.expand_as(action_mean).exp())
+        if action is None:
+            action = probs.sample()
+        # detail continuous-3: independent action components, log-probs and entropies summed over the dimensions
+        return action, probs.log_prob(action).sum(1), probs.entropy().sum(1), self.critic(x)
+
+
+def compute_gae(rewards, values, dones, next_value, next_done, gamma, gae_lambda):
+    """GAE over a (num_steps, num_envs) rollout; dones[t] = 1 when obs[t] begins a new episode."""
+    # detail core-5: generalized advantage estimation, returns = advantages + values
+    num_steps = rewards.shape[0]
+    advantages = torch.zeros_like(rewards)
+    lastgaelam = 0
+    for t in reversed(range(num_steps)):
+        if t == num_steps - 1:
+            nextnonterminal = 1.0 - next_done
+            nextvalues = next_value
+        else:
+            nextnonterminal = 1.0 - dones[t + 1]
+            nextvalues = values[t + 1]
+        delta = rewards[t] + gamma * nextvalues * nextnonterminal - values[t]
+        advantages[t] = lastgaelam = delta + gamma * gae_lambda * nextnonterminal * lastgaelam
+    returns = advantages + values
+    return advantages, returns
+
+
+def bootstrap_truncated(rewards, terminations, truncations, infos, value_fn, gamma):
+    """Rewards where a time-limit truncation (not a termination) adds gamma * V(final obs): the episode would go on."""
+    rewards = np.array(rewards, dtype=np.float64)
+    cut = np.flatnonzero(truncations & ~terminations & infos.get("_final_obs", False))
+    if len(cut):
+        with torch.no_grad():
+            rewards[cut] += gamma * value_fn(np.stack(infos["final_obs"][cut]))
+    return rewards
+
+
+def ppo_loss(newlogprob, entropy, newvalue, oldlogprob, advantages, returns, oldvalues, args, clip_coef):
+    """Return (loss, pg_loss, v_loss, entropy_loss, old_approx_kl, approx_kl, clipfrac) for one minibatch."""
+    logratio = newlogprob - oldlogprob
+    ratio = logratio.exp()
+    with torch.no_grad():
+        # detail core-12: debug variables (approx KL, http://joschu.net/blog/kl-approx.html, and clip fraction)
+        old_approx_kl = (-logratio).mean()
+        approx_kl = ((ratio - 1) - logratio).mean()
+        clipfrac = ((ratio - 1.0).abs() > clip_coef).float().mean()
+
+    if args.norm_adv:
+        # detail core-7: advantage normalization, per minibatch
+        advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+
+    # detail core-8: clipped surrogate objective, max(-A*r, -A*clip(r, 1-eps, 1+eps))
+    pg_loss1 = -advantages * ratio
+    pg_loss2 = -advantages * torch.clamp(ratio, 1 - clip_coef, 1 + clip_coef)
+    pg_loss = torch.max(pg_loss1, pg_loss2).mean()
+
+    newvalue = newvalue.view(-1)
+    if args.clip_vloss:
+        # detail core-9: value loss clipping, 0.5*max((V-R)^2, (V_old + clip(V-V_old, -eps, eps) - R)^2)
+        v_loss_unclipped = (newvalue - returns) ** 2
+        v_clipped = oldvalues + torch.clamp(newvalue - oldvalues, -clip_coef, clip_coef)
+        v_loss_clipped = (v_clipped - returns) ** 2
+        v_loss = 0.5 * torch.max(v_loss_unclipped, v_loss_clipped).mean()
+    else:
+        v_loss = 0.5 * ((newvalue - returns) ** 2).mean()
+
+    entropy_loss = entropy.mean()
+    # detail core-10: overall loss = policy loss - ent_coef * entropy + vf_coef * value loss
+    loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
+    return loss, pg_loss, v_loss, entropy_loss, old_approx_kl, approx_kl, clipfrac
+
+
+def make_optimizer(agent, args):
+    # detail core-3: Adam epsilon 1e-5 (ppo2's value, not PyTorch's 1e-8); foreach: same math in fewer ops
+    return optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
+
+
+def minibatches(b_inds, minibatch_size):
+    """Shuffle the batch indices in place and split them into minibatches that cover the batch once."""
+    # detail core-6: mini-batch updates, shuffled, each epoch visits every sample exactly once
+    np.random.shuffle(b_inds)
+    return [b_inds[start : start + minibatch_size] for start in range(0, len(b_inds), minibatch_size)]
+
+
+def gradient_step(optimizer, loss, max_grad_norm):
+    optimizer.zero_grad()
+    loss.backward()
+    # detail core-11: global gradient clipping, the norm over all parameters at most max_grad_norm (0.5)
+    nn.utils.clip_grad_norm_([p for group in optimizer.param_groups for p in group["params"]], max_grad_norm)
+    optimizer.step()
+
+
+def rng_states():
+    """The RNG states of python, numpy and torch as tensors and plain types (loadable with weights_only=True)."""
+    np_state = np.random.get_state()
+    return {
+        "python": random.getstate(),
+        "numpy": [np_state[0], torch.from_numpy(np_state[1].copy()), *np_state[2:]],
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+    }
+
+
+def set_rng_states(states):
+    random.setstate(tuple(s if not isinstance(s, list) else tuple(s) for s in states["python"]))
+    name, key, pos, has_gauss, cached = states["numpy"]
+    np.random.set_state((name, key.numpy(), pos, has_gauss, cached))
+    torch.set_rng_state(states["torch"])
+    if states["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(states["cuda"])
+
+
+def save_checkpoint(path, agent, optimizer, envs, args, run_name, iteration, rng, wandb_id=None, normalize=None):
+    """Write the state after `iteration` atomically (a temporary file in the same folder, then a rename)."""
+    checkpoint = {
+        "script": os.path.basename(__file__),
+        "model": agent.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "normalize": normalize or envs.state_dict(),  # the observation and return statistics the policy was trained with
+        "args": asdict(args),
+        "run_name": run_name,
+        "iteration": iteration,
+        "global_step": iteration * args.batch_size,
+        "rng": rng,
+        "wandb_id": wandb_id,
+    }
+    tmp_path = f"{path}.tmp{os.getpid()}"
+    torch.save(checkpoint, tmp_path)
+    os.replace(tmp_path, path)
+
+
+def load_checkpoint(path):
+    """Load a checkpoint as tensors and plain types only (no code can run); exit with one line if unusable."""
+    if not os.path.isfile(path):
+        sys.exit(f"error: checkpoint '{path}' does not exist")
+    try:
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # any failure to unpickle means the file is unusable
+        reason = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        sys.exit(f"error: cannot load checkpoint '{path}': corrupt, or holds more than tensors and plain types ({reason})")
+    needed = {"script", "model", "optimizer", "args", "run_name", "iteration", "global_step", "rng"}
+    if not isinstance(checkpoint, dict) or not needed <= checkpoint.keys():
+        sys.exit(f"error: '{path}' is not a checkpoint written by this project's scripts")
+    if checkpoint["script"] != os.path.basename(__file__):
+        sys.exit(f"error: '{path}' was written by {checkpoint['script']}; load it with that script")
+    return checkpoint
+
+
+def args_from_checkpoint(checkpoint):
+    return Args(**{k: v for k, v in checkpoint["args"].items() if k in Args.__dataclass_fields__})
+
+
+class StopRequest:
+    """Ctrl-C or SIGTERM asks the loop to stop at the next safe point; a second signal stops at once."""
+
+    def __init__(self):
+        self.signum = None
+        signal.signal(signal.SIGINT, self.handler)
+        signal.signal(signal.SIGTERM, self.handler)
+
+    def handler(self, signum, frame):
+        if self.signum is not None:
+            raise KeyboardInterrupt
+        self.signum = signum
+        print(f"\n{signal.Signals(signum).name} received: stopping after a checkpoint (send again to stop now)", flush=True)
+
+
+def evaluate(checkpoint_path, eval_episodes, device):
+    """Play `eval_episodes` episodes with a checkpoint's policy (actions sampled) and return their returns."""
+    checkpoint = load_checkpoint(checkpoint_path)
+    args = args_from_checkpoint(checkpoint)
+    args.capture_video = False
+    envs = make_envs(args, checkpoint["run_name"] + "-eval", num_envs=1)
+    envs.load_state_dict(checkpoint["normalize"])
+    envs.training = False  # the statistics are used frozen
+    agent = Agent(envs).to(device)
+    agent.load_state_dict(checkpoint["model"])
+    returns = []
+    obs, _ = envs.reset(seed=args.seed)
+    while len(returns) < eval_episodes:
+        with torch.no_grad():
+            action, _, _, _ = agent.get_action_and_value(torch.Tensor(obs).to(device))
+        obs, _, _, _, infos = envs.step(action.cpu().numpy())
+        if "episode" in infos.get("final_info", {}) and infos["final_info"]["_episode"].any():
+            returns.append(float(infos["final_info"]["episode"]["r"][0]))
+    envs.close()
+    return returns
+
+
+if __name__ == "__main__":
+    args = tyro.cli(Args)
+    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+    if args.eval_checkpoint:
+        if args.eval_episodes < 1:
+            sys.exit(f"error: --eval-episodes is {args.eval_episodes}; evaluate at least 1 episode")
+        returns = evaluate(args.eval_checkpoint, args.eval_episodes, device)
+        print(f"eval: {len(returns)} episodes, mean return {np.mean(returns):.2f} +- {np.std(returns):.2f}")
+        sys.exit(0)
+    checkpoint = None
+    if args.resume:  # the run continues with its own settings; only --resume and --cuda are taken from the command line
+        checkpoint = load_checkpoint(args.resume)
+        resume, cuda, args = args.resume, args.cuda, args_from_checkpoint(checkpoint)
+        args.resume, args.cuda = resume, cuda
+    error = check_args(args)
+    if error:
+        sys.exit(f"error: {error}")
+    run_name = checkpoint["run_name"] if checkpoint else f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
+
+    # TRY NOT TO MODIFY: seeding
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    torch.backends.cudnn.deterministic = args.torch_deterministic
+    if args.torch_threads > 0:
+        torch.set_num_threads(args.torch_threads)  # speed: tiny matmuls lose more to thread hand-offs than they gain
+
+    # env setup
+    envs = make_envs(args, run_name)
+    error = check_env(envs)
+    if error:
+        envs.close()
+        sys.exit(f"error: {error}")
+
+    agent = Agent(envs).to(device)
+    optimizer = make_optimizer(agent, args)
+    start_iteration, wandb_id = 1, None
+    if checkpoint:
+        try:
+            agent.load_state_dict(checkpoint["model"])
+            optimizer.load_state_dict(checkpoint["optimizer"])
+            envs.load_state_dict(checkpoint["normalize"])
+        except (RuntimeError, ValueError, KeyError) as e:
+            sys.exit(f"error: '{args.resume}' does not fit this network: {str(e).strip().splitlines()[0]}")
+        start_iteration, wandb_id = checkpoint["iteration"] + 1, checkpoint["wandb_id"]
+        set_rng_states(checkpoint["rng"])
+    global_step = (start_iteration - 1) * args.batch_size
+
+    if args.track:
+        import wandb
+
+        wandb.init(
+            project=args.wandb_project_name,
+            entity=args.wandb_entity,
+            sync_tensorboard=True,
+            config=vars(args),
+            name=run_name,
+            id=wandb_id,
+            resume="allow",
+            save_code=True,
+        )
+        wandb_id = wandb.run.id
+    # on resume, the events an interrupted run logged after its checkpoint are purged
+    writer = SummaryWriter(f"runs/{run_name}", purge_step=global_step + 1 if checkpoint else None)
+    if not checkpoint:
+        writer.add_text(
+            "hyperparameters",
+            "|param|value|\n|-|-|\n%s" % ("\n".join([f"|{key}|{value}|" for key, value in vars(args).items()])),
+        )
+    checkpoint_path = f"runs/{run_name}/checkpoint.pt"
+
+    # ALGO Logic: Storage setup
+    obs = torch.zeros((args.num_steps, args.num_envs) + envs.single_observation_space.shape).to(device)
+    actions = torch.zeros((args.num_steps, args.num_envs) + envs.single_action_space.shape).to(device)
+    logprobs = torch.zeros((args.num_steps, args.num_envs)).to(device)
+    rewards = torch.zeros((args.num_steps, args.num_envs)).to(device)
+    dones = torch.zeros((args.num_steps, args.num_envs)).to(device)
+    values = torch.zeros((args.num_steps, args.num_envs)).to(device)
+
+    # TRY NOT TO MODIFY: start the game
+    start_time, start_step, last_print, recent_returns = time.time(), global_step, 0.0, []
+    env_seed = int(np.random.randint(2**31 - 1)) if checkpoint else args.seed  # on resume, episodes restart
+    next_obs, _ = envs.reset(seed=env_seed)
+    next_obs = torch.as_tensor(next_obs, device=device)
+    next_done = torch.zeros(args.num_envs).to(device)
+    stop = StopRequest()
+    value_of = lambda o: agent.get_value(torch.as_tensor(o, device=device)).flatten().cpu().numpy()  # numpy in and out
+    completed, rng_at_start = start_iteration - 1, None
+    print(f"training {run_name}: iterations {start_iteration}..{args.num_iterations} of {args.batch_size} steps", flush=True)
+
+    try:
+        for iteration in range(start_iteration, args.num_iterations + 1):
+            rng_at_start = rng_states()  # a rollout cut short checkpoints the iteration before it, with these
+            normalize_at_start = envs.state_dict()  # and these statistics (not updated by the partial rollout)
+            # detail core-4: learning-rate annealing, linearly from lr to 0 over the iterations
+            frac = 1.0 - (iteration - 1.0) / args.num_iterations
+            if args.anneal_lr:
+                optimizer.param_groups[0]["lr"] = frac * args.learning_rate
+            # detail aux-1: clip-range annealing, same schedule as the learning rate (off by default)
+            clip_coef = frac * args.clip_coef if args.anneal_clip else args.clip_coef
+
+            for step in range(args.num_steps):
+                if stop.signum:
+                    break
+                global_step += args.num_envs
+                obs[step] = next_obs
+                dones[step] = next_done
+
+                # ALGO LOGIC: action logic
+                with torch.no_grad():
+                    action, logprob, _, value = agent.get_action_and_value(next_obs)
+                    values[step] = value.flatten()
+                actions[step] = action
+                logprobs[step] = logprob
+
+                # TRY NOT TO MODIFY: execute the game and log data.
+                next_obs, reward, terminations, truncations, infos = envs.step(action.cpu().numpy())
+                if args.bootstrap_truncated:
+                    reward = bootstrap_truncated(reward, terminations, truncations, infos, value_of, args.gamma)
+                rewards[step] = torch.tensor(reward).to(device).view(-1)
+                next_obs = torch.Tensor(next_obs).to(device)
+                next_done = torch.Tensor(np.logical_or(terminations, truncations)).to(device)
+
+                if "episode" in infos.get("final_info", {}):  # an episode ended (Atari: a game, not a life)
+                    ended, episode = infos["final_info"]["_episode"], infos["final_info"]["episode"]
+                    for r, length in zip(episode["r"][ended], episode["l"][ended]):
+                        writer.add_scalar("charts/episodic_return", r, global_step)
+                        writer.add_scalar("charts/episodic_length", length, global_step)
+                        recent_returns = (recent_returns + [float(r)])[-20:]
+            if stop.signum:
+                break
+
+            # bootstrap value if not done
+            with torch.no_grad():
+                next_value = agent.get_value(next_obs).reshape(1, -1)
+                advantages, returns = compute_gae(rewards, values, dones, next_value, next_done, args.gamma, args.gae_lambda)
+
+            # flatten the batch
+            b_obs = obs.reshape((-1,) + envs.single_observation_space.shape)
+            b_logprobs = logprobs.reshape(-1)
+            b_actions = actions.reshape((-1,) + envs.single_action_space.shape)
+            b_advantages = advantages.reshape(-1)
+            b_returns = returns.reshape(-1)
+            b_values = values.reshape(-1)
+
+            # Optimizing the policy and value network
+            b_inds = np.arange(args.batch_size)
+            stats, kl_stop = [], False
+            for _epoch in range(args.update_epochs):
+                for mb_inds in minibatches(b_inds, args.minibatch_size):
+                    mb_inds = torch.from_numpy(mb_inds).to(device)
+                    _, newlogprob, entropy, newvalue = agent.get_action_and_value(b_obs[mb_inds], b_actions[mb_inds])
+                    loss, *mb_stats = ppo_loss(
+                        newlogprob,
+                        entropy,
+                        newvalue,
+                        b_logprobs[mb_inds],
+                        b_advantages[mb_inds],
+                        b_returns[mb_inds],
+                        b_values[mb_inds],
+                        args,
+                        clip_coef,
+                    )
+                    gradient_step(optimizer, loss, args.max_grad_norm)
+                    stats.append(torch.stack(mb_stats))
+
+                    # detail aux-3: early stopping once a minibatch's approx KL exceeds the target (off by default)
+                    kl_stop = args.target_kl is not None and mb_stats[4].item() > args.target_kl
+                    if kl_stop:
+                        break
+                if kl_stop:
+                    break
+
+            # detail core-12: debug variables, means over the update's minibatches (as ppo2 logs them)
+            pg_loss, v_loss, entropy_loss, old_approx_kl, approx_kl, clipfrac = torch.stack(stats).mean(0).tolist()
+            y_pred, y_true = b_values.cpu().numpy(), b_returns.cpu().numpy()
+            var_y = np.var(y_true)
+            explained_var = np.nan if var_y == 0 else 1 - np.var(y_true - y_pred) / var_y
+            completed = iteration
+
+            # TRY NOT TO MODIFY: record rewards for plotting purposes
+            writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
+            writer.add_scalar("charts/clip_coef", clip_coef, global_step)
+            writer.add_scalar("charts/update_epochs", len(stats) / args.num_minibatches, global_step)
+            writer.add_scalar("losses/value_loss", v_loss, global_step)
+            writer.add_scalar("losses/policy_loss", pg_loss, global_step)
+            writer.add_scalar("losses/entropy", entropy_loss, global_step)
+            writer.add_scalar("losses/old_approx_kl", old_approx_kl, global_step)
+            writer.add_scalar("losses/approx_kl", approx_kl, global_step)
+            writer.add_scalar("losses/clipfrac", clipfrac, global_step)
+            writer.add_scalar("losses/explained_variance", explained_var, global_step)
+            sps = int((global_step - start_step) / (time.time() - start_time))
+            writer.add_scalar("charts/SPS", sps, global_step)
+            if time.time() - last_print > 10 or iteration == args.num_iterations:
+                last_print = time.time()
+                recent = f"{np.mean(recent_returns):.1f}" if recent_returns else "n/a"
+                print(f"step {global_step}/{args.num_iterations * args.batch_size} | return {recent} (last 20) | SPS {sps}")
+
+            at_save_point = args.save_every and iteration % args.save_every == 0
+            if args.save_model and (at_save_point or iteration == args.num_iterations):
+                save_checkpoint(checkpoint_path, agent, optimizer, envs, args, run_name, iteration, rng_states(), wandb_id)
+            if stop.signum:
+                break
+    except KeyboardInterrupt:  # a second signal: stop at once, still closing the logs (no checkpoint)
+        stop.signum, rng_at_start = stop.signum or signal.SIGINT, None
+    if stop.signum and rng_at_start is not None and completed >= start_iteration:
+        # no lost work: the state after the last completed iteration
+        rng = rng_states() if completed == iteration else rng_at_start
+        normalize = envs.state_dict() if completed == iteration else normalize_at_start
+        save_checkpoint(checkpoint_path, agent, optimizer, envs, args, run_name, completed, rng, wandb_id, normalize)
+        print(f"checkpoint of iteration {completed} (step {completed * args.batch_size}) written to {checkpoint_path}")
+        print(f"continue with: python {os.path.basename(__file__)} --resume {checkpoint_path}")
+
+    envs.close()
+    writer.close()
+    exit_code = 128 + stop.signum if stop.signum else 0
+    if args.track:
+        wandb.finish(exit_code=exit_code)
+    sys.exit(exit_code)
