@@ -109,6 +109,45 @@ def test_logprob_of_stored_unclipped_actions(cont):
         assert not torch.allclose(clipped_logprob, logprob)
 
 
+def test_policy_is_torch_normal_bit_for_bit(cont):
+    """The written-out Normal samples, scores and differentiates exactly as torch's Normal(mean, std)."""
+    from torch.distributions.normal import Normal
+
+    _, envs = make_envs(cont, "HalfCheetah-v4")
+    torch.manual_seed(0)
+    agent = cont.Agent(envs)
+    envs.close()
+    with torch.no_grad():
+        agent.actor_logstd.copy_(torch.tensor([[-1.0, -0.5, 0.0, 0.3, 0.7, 1.2]]))
+    obs = torch.randn(64, 17)
+
+    def torch_normal():
+        mean = agent.actor(obs)
+        return Normal(mean, agent.actor_logstd.expand_as(mean).exp())
+
+    with torch.no_grad():
+        torch.manual_seed(1)
+        action, logprob, entropy, _ = agent.get_action_and_value(obs)
+        torch.manual_seed(1)
+        dist = torch_normal()
+        expected = dist.sample()
+        assert torch.equal(action, expected)
+        assert torch.equal(logprob, dist.log_prob(expected).sum(1)) and torch.equal(entropy, dist.entropy().sum(1))
+
+    weights = torch.randn(2, 64)
+    grads = []
+    for written_out in (True, False):
+        agent.zero_grad()
+        if written_out:
+            _, logprob, entropy, _ = agent.get_action_and_value(obs, expected)
+        else:
+            dist = torch_normal()
+            logprob, entropy = dist.log_prob(expected).sum(1), dist.entropy().sum(1)
+        ((weights[0] * logprob).sum() + (weights[1] * entropy).sum()).backward()
+        grads.append([p.grad.clone() for p in [*agent.actor.parameters(), agent.actor_logstd]])
+    assert all(torch.equal(a, b) for a, b in zip(*grads))
+
+
 def test_env_clips_actions_to_bounds(cont):
     # HalfCheetah's control cost uses the action as given, so the reward tells what the env received
     env = cont.make_env("HalfCheetah-v4", 0, False, "test")()
