@@ -94,7 +94,12 @@ def main():
     parser.add_argument("--script-args", default="", help="flags added to every training run (one string)")
     parser.add_argument("--before", action="store_true", help="also measure each script's unoptimized baseline")
     opts = parser.parse_args()
+    if opts.repeats < 1 or opts.env_seconds <= 0:
+        parser.error("--repeats must be at least 1 and --env-seconds above 0")
     scripts = opts.scripts or [s for s in DEFAULTS if (ROOT / s).exists()]
+    missing = [s for s in scripts if not Path(s).is_file() and not (ROOT / s).is_file()]
+    if missing:
+        parser.error(f"no such script: {', '.join(missing)} (give a path, or a name at the repository root)")
     # groups measured together, their runs interleaved so that slow phases of the machine hit all alike
     groups = [[x for x in (baseline_of(s), s) if x] if opts.before else [s] for s in scripts]
     rows = []
