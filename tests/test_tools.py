@@ -379,7 +379,9 @@ def test_speed_before_pairs_each_script_with_its_baseline():
     assert speed.baseline_of("ppo_shared.py") is None
 
 
-@pytest.mark.parametrize("args, message", [(["nope.py"], "no such script: nope.py"), (["--repeats", "0", "ppo.py"], "--repeats")])
+@pytest.mark.parametrize(
+    "args, message", [(["nope.py"], "no such script: nope.py"), (["--repeats", "0", "ppo.py"], "--repeats")]
+)
 def test_speed_bad_input_one_clear_line(args, message):
     res = tool("benchmark/speed.py", *args)
     assert res.returncode == 2 and message in res.stderr and "Traceback" not in res.stderr
