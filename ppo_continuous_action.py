@@ -13,7 +13,6 @@ import torch
 import torch.nn as nn
 import torch.optim as optim
 import tyro
-from gymnasium.wrappers.utils import RunningMeanStd
 from torch.utils.tensorboard import SummaryWriter
 
 
@@ -166,6 +165,22 @@ def make_envs(args, run_name, num_envs=None):
         autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
     )
     return VecNormalize(envs, args.gamma)
+
+
+class RunningMeanStd:
+    """ppo2's running mean and variance of everything seen, merged with each batch x of shape (n, *shape)."""
+
+    def __init__(self, shape=(), epsilon=1e-4):
+        self.mean, self.var, self.count = np.zeros(shape), np.ones(shape), epsilon
+
+    def update(self, x):
+        n = x.shape[0]
+        batch_mean = x.sum(0) / n  # np.mean and np.var bit for bit, without their per-call overhead
+        batch_var = ((x - batch_mean) * (x - batch_mean)).sum(0) / n
+        delta, tot_count = batch_mean - self.mean, self.count + n
+        self.mean = self.mean + delta * n / tot_count
+        m2 = self.var * self.count + batch_var * n + np.square(delta) * self.count * n / tot_count
+        self.var, self.count = m2 / tot_count, tot_count
 
 
 class VecNormalize(gym.vector.VectorWrapper):

@@ -198,6 +198,21 @@ def test_observation_normalization_and_clipping(cont):
     ref.close()
 
 
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("shape, n", [((17,), 1), ((17,), 4), ((), 1), ((), 8), ((4, 3), 3)])
+def test_running_mean_std_is_ppo2s_bit_for_bit(cont, dtype, shape, n):
+    # the written-out statistics must give exactly the numbers of ppo2's RunningMeanStd (gymnasium's is the same code)
+    from gymnasium.wrappers.utils import RunningMeanStd
+
+    ref, ours, rng = RunningMeanStd(shape=shape), cont.RunningMeanStd(shape=shape), np.random.default_rng(0)
+    for _ in range(500):
+        x = (rng.normal(size=(n, *shape)) * rng.uniform(0.1, 100) + rng.normal()).astype(dtype)
+        ref.update(x)
+        ours.update(x)
+        assert np.array_equal(ours.mean, ref.mean) and np.array_equal(ours.var, ref.var) and ours.count == ref.count
+        assert ours.mean.dtype == ref.mean.dtype and ours.var.dtype == ref.var.dtype
+
+
 def test_reward_scaling_by_discounted_return_std_and_clipping(cont):
     gamma = 0.9  # the script's gamma is the one used
     _, envs, ref = lockstep(cont, gamma=gamma)
