@@ -126,7 +126,7 @@ def check_args(args):
     args.num_iterations = args.total_timesteps // max(args.batch_size, 1)
     if args.num_envs < 1 or args.num_steps < 1 or args.num_minibatches < 1 or args.update_epochs < 1:
         return "--num-envs, --num-steps, --num-minibatches and --update-epochs must be at least 1"
-    if args.learning_rate < 0 or args.clip_coef < 0 or args.max_grad_norm <= 0:
+    if not (args.learning_rate >= 0 and args.clip_coef >= 0 and args.max_grad_norm > 0):  # NaN fails too
         return "--learning-rate and --clip-coef must be at least 0, and --max-grad-norm above 0"
     if not (0 <= args.gamma <= 1 and 0 <= args.gae_lambda <= 1):
         return f"--gamma ({args.gamma}) and --gae-lambda ({args.gae_lambda}) must lie in [0, 1]"

@@ -94,8 +94,8 @@ def main():
     parser.add_argument("--script-args", default="", help="flags added to every training run (one string)")
     parser.add_argument("--before", action="store_true", help="also measure each script's unoptimized baseline")
     opts = parser.parse_args()
-    if opts.repeats < 1 or opts.env_seconds <= 0:
-        parser.error("--repeats must be at least 1 and --env-seconds above 0")
+    if opts.repeats < 1 or not opts.env_seconds > 0 or (opts.train_steps is not None and opts.train_steps < 1):
+        parser.error("--repeats and --train-steps must be at least 1, and --env-seconds above 0")
     scripts = opts.scripts or [s for s in DEFAULTS if (ROOT / s).exists()]
     missing = [s for s in scripts if not Path(s).is_file() and not (ROOT / s).is_file()]
     if missing:

@@ -402,6 +402,8 @@ def test_same_seed_same_losses(tmp_path):
         (["--eval-checkpoint", "corrupt.pt", "--eval-episodes", "0"], "evaluate at least 1 episode"),
         (["--learning-rate", "-1"], "--learning-rate and --clip-coef must be at least 0"),
         (["--max-grad-norm", "-0.5"], "--max-grad-norm above 0"),
+        (["--max-grad-norm", "nan"], "--max-grad-norm above 0"),
+        (["--learning-rate", "nan"], "--learning-rate and --clip-coef must be at least 0"),
         (["--gamma", "1.5"], "must lie in [0, 1]"),
     ],
 )

@@ -380,7 +380,13 @@ def test_speed_before_pairs_each_script_with_its_baseline():
 
 
 @pytest.mark.parametrize(
-    "args, message", [(["nope.py"], "no such script: nope.py"), (["--repeats", "0", "ppo.py"], "--repeats")]
+    "args, message",
+    [
+        (["nope.py"], "no such script: nope.py"),
+        (["--repeats", "0", "ppo.py"], "--repeats"),
+        (["--env-seconds", "nan", "ppo.py"], "--env-seconds above 0"),
+        (["--train-steps", "0", "ppo.py"], "--train-steps must be at least 1"),
+    ],
 )
 def test_speed_bad_input_one_clear_line(args, message):
     res = tool("benchmark/speed.py", *args)
