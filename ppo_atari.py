@@ -321,8 +321,8 @@ def ppo_loss(newlogprob, entropy, newvalue, oldlogprob, advantages, returns, old
         clipfrac = ((ratio - 1.0).abs() > clip_coef).float().mean()
 
     if args.norm_adv:
-        # detail core-7: advantage normalization, per minibatch
-        advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+        # detail core-7: advantage normalization, per minibatch (population std, ddof=0, as ppo2's np.std)
+        advantages = (advantages - advantages.mean()) / (advantages.std(correction=0) + 1e-8)
 
     # detail core-8: clipped surrogate objective, max(-A*r, -A*clip(r, 1-eps, 1+eps))
     pg_loss1 = -advantages * ratio
@@ -604,7 +604,7 @@ if __name__ == "__main__":
 
             # Optimizing the policy and value network
             b_inds = np.arange(args.batch_size)
-            stats, kl_stop = [], False
+            stats = []
             for _epoch in range(args.update_epochs):
                 for mb_inds in minibatches(b_inds, args.minibatch_size):
                     mb_inds = torch.from_numpy(mb_inds).to(device)
@@ -623,11 +623,8 @@ if __name__ == "__main__":
                     gradient_step(optimizer, loss, args.max_grad_norm)
                     stats.append(torch.stack(mb_stats))
 
-                    # detail aux-3: early stopping once a minibatch's approx KL exceeds the target (off by default)
-                    kl_stop = args.target_kl is not None and mb_stats[4].item() > args.target_kl
-                    if kl_stop:
-                        break
-                if kl_stop:
+                # detail aux-3: target-KL early stopping, once per epoch: the epoch's last minibatch's KL > target ends it
+                if args.target_kl is not None and mb_stats[4].item() > args.target_kl:
                     break
 
             # detail core-12: debug variables, means over the update's minibatches (as ppo2 logs them)

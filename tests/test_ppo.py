@@ -256,7 +256,7 @@ def test_advantage_normalization_per_minibatch(ppo):
     ratios = [0.9, 1.1, 1.3, 0.7]
     pg = loss_parts(ppo, ratios, adv, norm_adv=True)[1].item()
     a = np.array(adv)
-    normalized = (a - a.mean()) / (a.std(ddof=1) + 1e-8)
+    normalized = (a - a.mean()) / (a.std() + 1e-8)  # ppo2: np.std, the population std (ddof=0)
     r = np.array(ratios)
     expected = np.maximum(-normalized * r, -normalized * np.clip(r, 0.8, 1.2)).mean()
     assert pg == pytest.approx(expected, rel=1e-5)
@@ -361,9 +361,13 @@ def test_clip_annealing_and_target_kl_early_stopping(tmp_path):
     scalars = read_scalars(run_dirs(tmp_path)[0])
     clip = [v for _, v in scalars["charts/clip_coef"]]
     np.testing.assert_allclose(clip, [0.2 * (1 - k / 8) for k in range(8)], rtol=1e-6)  # one step from 0 at the end
-    # the first minibatch of an update has KL 0 (policy unchanged); after one gradient step the KL exceeds 1e-12,
-    # so each update stops after 2 of its 4 x 4 minibatches: half an epoch
-    assert [v for _, v in scalars["charts/update_epochs"]] == [0.5] * 8
+    # the KL is checked once per epoch, on the epoch's last minibatch (the blog's and CleanRL's place): after the
+    # first epoch's steps it exceeds 1e-12, so each update runs exactly 1 of its 4 epochs (all 4 minibatches of it)
+    assert [v for _, v in scalars["charts/update_epochs"]] == [1.0] * 8
+    res = run_script("ppo.py", *args[:-1], "1e9", "--exp-name", "loose", cwd=tmp_path)  # a target never reached
+    assert res.returncode == 0, res.stderr
+    (loose,) = [d for d in run_dirs(tmp_path) if "__loose__" in d.name]
+    assert [v for _, v in read_scalars(loose)["charts/update_epochs"]] == [4.0] * 8
 
 
 def test_learns_cartpole(tmp_path):

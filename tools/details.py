@@ -54,7 +54,11 @@ DETAILS = {
         "mini-batch updates",
         "Each epoch shuffles the batch and splits it into mini-batches that together visit every sample once.",
     ),
-    "core-7": ("advantage normalization", "Advantages are standardized (zero mean, unit std) within each mini-batch."),
+    "core-7": (
+        "advantage normalization",
+        "Advantages are standardized (zero mean, unit std) within each mini-batch; the std is the population one "
+        "(ddof=0), as ppo2's `np.std`.",
+    ),
     "core-8": (
         "clipped surrogate objective",
         "Policy loss max(−A·r, −A·clip(r, 1−ε, 1+ε)) with r the probability ratio of the new to the rollout policy.",
@@ -158,7 +162,8 @@ DETAILS = {
     ),
     "aux-3": (
         "early stopping of the policy optimization",
-        "The update's epochs stop once a mini-batch's approximate KL exceeds the target KL (off by default).",
+        "Checked once per epoch, after its mini-batches (the blog's and CleanRL's place): when the approximate KL of "
+        "the epoch's last mini-batch exceeds the target KL, the remaining epochs are skipped (off by default).",
     ),
     "aux-4": (
         "invalid action masking",
