@@ -56,6 +56,8 @@ class Args:
     """the id of the environment"""
     total_timesteps: int = 10000000
     """total timesteps of the experiments"""
+    max_episode_frames: int = 400000
+    """frames after which a game is cut (truncated): 400000 as in ppo2 (gym 0.21); 108000 for the 30-minute protocol"""
     learning_rate: float = 2.5e-4
     """the learning rate of the optimizer"""
     num_envs: int = 8
@@ -129,6 +131,8 @@ def check_args(args):
     atari = args.env_id.endswith("NoFrameskip-v4") or (args.env_id.startswith("ALE/") and args.env_id.endswith("-v5"))
     if not atari or gym.spec(args.env_id).entry_point != "ale_py.env:AtariEnv":
         return f"{os.path.basename(__file__)} needs an Atari id, <Game>NoFrameskip-v4 or ALE/<Game>-v5, not '{args.env_id}'"
+    if not args.max_episode_frames >= 1:
+        return f"--max-episode-frames is {args.max_episode_frames}; a game needs at least 1 frame (ppo2: 400000)"
     return None
 
 
@@ -215,14 +219,16 @@ class FireResetEnv(gym.Wrapper):
         return obs, info
 
 
-def make_env(env_id, idx, capture_video, run_name):
+def make_env(env_id, idx, capture_video, run_name, max_episode_frames):
     def thunk():
         # frameskip=1 as MaxAndSkip skips; ALE/<Game>-v5 keeps its sticky actions (0.25), NoFrameskip-v4 and ppo2 have none
+        # game length: ppo2's gym 0.21 cut NoFrameskip-v4 games at 400,000 frames; ale-py registers 108,000
+        kwargs = dict(frameskip=1, obs_type="grayscale", max_num_frames_per_episode=max_episode_frames)
         if capture_video and idx == 0:
-            env = gym.make(env_id, frameskip=1, obs_type="grayscale", render_mode="rgb_array")
+            env = gym.make(env_id, render_mode="rgb_array", **kwargs)
             env = gym.wrappers.RecordVideo(env, f"videos/{run_name}")
         else:
-            env = gym.make(env_id, frameskip=1, obs_type="grayscale")
+            env = gym.make(env_id, **kwargs)
         # detail atari-1: NoopReset, 1 to 30 no-op frames at reset
         env = NoopResetEnv(env, noop_max=30)
         # detail atari-2: MaxAndSkip, repeat each action 4 frames, observe the max of the last 2
@@ -247,7 +253,10 @@ def make_env(env_id, idx, capture_video, run_name):
 def make_envs(args, run_name, num_envs=None):
     # detail core-1: vectorized architecture (N envs stepped together; ppo2 autoreset: same step)
     return gym.vector.SyncVectorEnv(
-        [make_env(args.env_id, i, args.capture_video, run_name) for i in range(num_envs or args.num_envs)],
+        [
+            make_env(args.env_id, i, args.capture_video, run_name, args.max_episode_frames)
+            for i in range(num_envs or args.num_envs)
+        ],
         autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
     )
 

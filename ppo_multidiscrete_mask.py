@@ -198,6 +198,11 @@ class MicroRTSVecEnv(MicroRTSGridModeVecEnv):
         """(num_envs, cells, sum of a cell's nvec) 0/1: the valid values of every component in the current state."""
         return self.action_mask
 
+    def get_unit_mask(self):
+        """(num_envs, cells) 0/1: the cells holding a unit that can act now, the only cells whose components the env
+        executes (a fact of the env, as the 0.3 env's single source unit; not invalid action masking)."""
+        return self.source_unit_mask
+
 
 def make_envs(args, run_name, num_envs=None):
     # detail core-1: vectorized architecture (N envs stepped together; ppo2 autoreset: same step)
@@ -245,10 +250,10 @@ class Agent(nn.Module):
     def get_value(self, x):
         return self.critic(self.network(x.float()))
 
-    def get_action_and_value(self, x, action=None, mask=None):
+    def get_action_and_value(self, x, action=None, units=None, mask=None):
         hidden = self.network(x.float())
         logits = self.actor(hidden).view(len(x), len(self.nvec), -1)  # (batch, cells, logits of a cell)
-        # detail multidiscrete-1: independent Categorical components (7 per cell); log-prob and entropy summed over all
+        # detail multidiscrete-1: one Categorical per component (7 per cell); log-probs, entropies summed over acting cells
         split = self.nvec[0].tolist()
         parts = zip(torch.split(logits, split, dim=-1), torch.split(mask, split, dim=-1))
         probs = [CategoricalMasked(part, valid) for part, valid in parts]
@@ -256,6 +261,9 @@ class Agent(nn.Module):
             action = torch.stack([p.sample() for p in probs], dim=-1)
         logprob = torch.stack([p.log_prob(a) for p, a in zip(probs, action.unbind(-1))], dim=-1)
         entropy = torch.stack([p.entropy() for p in probs], dim=-1)
+        # the env executes the components of the cells whose unit can act (`units`, batch x cells); None: every cell
+        executed = torch.ones(logprob.shape[:2], dtype=torch.bool, device=x.device) if units is None else units
+        logprob, entropy = torch.where(executed[..., None], logprob, 0.0), torch.where(executed[..., None], entropy, 0.0)
         return action, logprob.sum((1, 2)), entropy.sum((1, 2)), self.critic(hidden)
 
 
@@ -503,6 +511,7 @@ if __name__ == "__main__":
     logprobs = torch.zeros((args.num_steps, args.num_envs)).to(device)
     rewards = torch.zeros((args.num_steps, args.num_envs)).to(device)
     dones = torch.zeros((args.num_steps, args.num_envs)).to(device)
+    units = torch.zeros((args.num_steps, args.num_envs, len(envs.single_action_space.nvec)), dtype=torch.bool).to(device)
     values = torch.zeros((args.num_steps, args.num_envs)).to(device)
     # detail aux-4: the masks of the rollout are stored with it and reused in training
     mask_shape = (len(envs.single_action_space.nvec), int(envs.single_action_space.nvec[0].sum()))  # (cells, 78)
@@ -514,6 +523,7 @@ if __name__ == "__main__":
     next_obs, _ = envs.reset(seed=env_seed)
     next_obs = torch.as_tensor(next_obs, device=device)
     next_done = torch.zeros(args.num_envs).to(device)
+    next_units = torch.as_tensor(envs.get_unit_mask(), device=device).bool()
     next_mask = torch.as_tensor(envs.get_action_mask(), device=device).bool()
     stop = StopRequest()
     completed, rng_at_start = start_iteration - 1, None
@@ -535,11 +545,12 @@ if __name__ == "__main__":
                 global_step += args.num_envs
                 obs[step] = next_obs
                 dones[step] = next_done
+                units[step] = next_units
                 masks[step] = next_mask
 
                 # ALGO LOGIC: action logic
                 with torch.inference_mode():
-                    action, logprob, _, value = agent.get_action_and_value(next_obs, mask=next_mask)
+                    action, logprob, _, value = agent.get_action_and_value(next_obs, units=next_units, mask=next_mask)
                     values[step] = value.flatten()
                 actions[step] = action
                 logprobs[step] = logprob
@@ -549,6 +560,7 @@ if __name__ == "__main__":
                 rewards[step] = torch.as_tensor(reward, device=device)
                 next_obs = torch.as_tensor(next_obs, device=device)
                 next_done = torch.as_tensor(np.logical_or(terminations, truncations), device=device, dtype=torch.float32)
+                next_units = torch.as_tensor(envs.get_unit_mask(), device=device).bool()
                 next_mask = torch.as_tensor(envs.get_action_mask(), device=device).bool()
 
                 if "episode" in infos.get("final_info", {}):  # an episode ended (Atari: a game, not a life)
@@ -572,6 +584,7 @@ if __name__ == "__main__":
             b_advantages = advantages.reshape(-1)
             b_returns = returns.reshape(-1)
             b_values = values.reshape(-1)
+            b_units = units.reshape((-1,) + units.shape[2:])
             b_masks = masks.reshape((-1,) + masks.shape[2:])
 
             # Optimizing the policy and value network
@@ -581,7 +594,7 @@ if __name__ == "__main__":
                 for mb_inds in minibatches(b_inds, args.minibatch_size):
                     mb_inds = torch.from_numpy(mb_inds).to(device)
                     _, newlogprob, entropy, newvalue = agent.get_action_and_value(
-                        b_obs[mb_inds], b_actions[mb_inds], b_masks[mb_inds]
+                        b_obs[mb_inds], b_actions[mb_inds], b_units[mb_inds], b_masks[mb_inds]
                     )
                     loss, *mb_stats = ppo_loss(
                         newlogprob,

@@ -5,7 +5,7 @@
 #
 #   bash benchmark/atari.sh                                   # print the commands (ppo_atari.py)
 #   bash benchmark/atari.sh --run                             # run them one after the other, then the report
-#   SCRIPT=ppo_atari_ale_vector.py bash benchmark/atari.sh --run
+#   SCRIPT=ppo_atari_envpool.py bash benchmark/atari.sh --run
 #   bash benchmark/atari.sh --run --track                    # flags after --run go to every command
 #
 # Runs log to runs/ of the current directory; the report goes to report/atari/ (benchmark/report.py).

@@ -1,4 +1,4 @@
-"""Speed of the two Atari pipelines on this machine: ppo_atari.py (gymnasium wrappers) vs ppo_atari_ale_vector.py (C++).
+"""Speed of the two Atari pipelines on this machine: ppo_atari.py (gymnasium wrappers) vs ppo_atari_envpool.py (C++).
 
     python benchmark/atari_speed.py                                   # small settings (a few minutes on 2 CPU cores)
     python benchmark/atari_speed.py --num-envs 8 --num-steps 128 --train-iterations 4 --torch-threads 0
@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
-SCRIPTS = {"wrappers": "ppo_atari.py", "vector": "ppo_atari_ale_vector.py"}
+SCRIPTS = {"wrappers": "ppo_atari.py", "vector": "ppo_atari_envpool.py"}
 
 
 def load(script):

@@ -25,7 +25,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 HERE = Path(__file__).resolve().parent
 RETURN_TAG = "charts/episodic_return"
 # scripts without a published table of their own, compared with the table of the script they reproduce
-REFERENCE_SCRIPT = {"ppo_atari_ale_vector.py": "ppo_atari.py", "ppo_atari_multigpu.py": "ppo_atari.py"}
+REFERENCE_SCRIPT = {"ppo_atari_envpool.py": "ppo_atari.py", "ppo_atari_multigpu.py": "ppo_atari.py"}
 BASELINES = [("ppo2", "ppo2"), ("cleanrl", "CleanRL")]  # (baseline column of reference.csv, table heading)
 
 

@@ -34,7 +34,7 @@ DEFAULTS = {
     "ppo_shared.py": ("CartPole-v1", [], 30720, 5),
     "ppo_continuous_action.py": ("HalfCheetah-v4", [], 16384, 1),
     "ppo_atari.py": ("BreakoutNoFrameskip-v4", [], 8192, 1),
-    "ppo_atari_ale_vector.py": ("BreakoutNoFrameskip-v4", [], 8192, 1),
+    "ppo_atari_envpool.py": ("BreakoutNoFrameskip-v4", [], 8192, 1),
     "ppo_atari_lstm.py": ("BreakoutNoFrameskip-v4", [], 8192, 1),
     "ppo_atari_multigpu.py": ("BreakoutNoFrameskip-v4", [], 8192, 1),
 }

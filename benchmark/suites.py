@@ -46,11 +46,11 @@ SUITES = {
     ),
     "atari": Suite(["ppo_atari.py"], _ATARI, 10_000_000, "Atari table (ppo2 and CleanRL)"),
     "atari_lstm": Suite(["ppo_atari_lstm.py"], _ATARI, 10_000_000, "Atari LSTM table (ppo2 cnn_lstm and CleanRL)"),
-    "atari_ale_vector": Suite(
-        ["ppo_atari_ale_vector.py"], _ATARI, 10_000_000, "Atari on the native vector env (compare with the Atari table)"
+    "atari_envpool": Suite(
+        ["ppo_atari_envpool.py"], _ATARI, 10_000_000, "Atari on the native vector env (compare with the Atari table)"
     ),
     "pong_5min": Suite(
-        ["ppo_atari_ale_vector.py"],
+        ["ppo_atari_envpool.py"],
         ["PongNoFrameskip-v4"],
         None,
         "the blog's 'Pong in 5 minutes' settings (figures only)",

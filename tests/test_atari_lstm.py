@@ -190,7 +190,7 @@ def test_frame_stack_flag_and_defaults(lstm):
         k: v for k, v in vars(parent).items() if k != "exp_name"
     }
     for k in (1, 4):
-        env = lstm.make_env(args.env_id, 0, False, "test", k)()
+        env = lstm.make_env(args.env_id, 0, False, "test", args.max_episode_frames, k)()
         assert env.observation_space.shape == (k, 84, 84)
         env.close()
 

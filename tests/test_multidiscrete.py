@@ -154,11 +154,13 @@ def test_the_blogs_small_cnn_with_logits_for_every_component(plain):
     assert (action >= 0).all() and (action < torch.tensor(PLANE)).all()
 
 
-def manual_logprob_and_entropy(logits, action, mask=None):
-    """Sum over cells and components of log p(a) and of the entropy, one component at a time."""
+def manual_logprob_and_entropy(logits, action, mask=None, units=None):
+    """Sum over the acting cells (all without `units`) and their components of log p(a) and of the entropy."""
     logprob, entropy = torch.zeros(len(logits), dtype=torch.float64), torch.zeros(len(logits), dtype=torch.float64)
     for b in range(len(logits)):
         for cell in range(logits.shape[1]):
+            if units is not None and not units[b, cell]:
+                continue  # the env executes nothing in this cell
             start = 0
             for k, n in enumerate(PLANE):
                 part = logits[b, cell, start : start + n].double()
@@ -194,6 +196,36 @@ def test_logprob_of_a_stored_action_is_the_sum_over_components(plain, masked):
                 other = stored.clone()
                 other[:, 50, 6] = (other[:, 50, 6] + 1) % 49  # another attack target in one cell changes the sum
                 assert not torch.allclose(agent.get_action_and_value(obs, other)[1], logprob)
+
+
+# multidiscrete-1 (fidelity issue): only the cells whose unit can act count, in both scripts
+def test_logprob_and_entropy_count_only_the_cells_the_env_executes(plain, masked):
+    generator = torch.Generator().manual_seed(3)
+    obs = torch.randint(0, 2, (3, 27, 10, 10), dtype=torch.uint8, generator=generator)
+    units = torch.rand(3, 100, generator=generator) < 0.05  # a few acting units, as in a MicroRTS game
+    units[:, 7] = True
+    for module in (plain, masked):
+        torch.manual_seed(2)
+        agent = module.Agent(fake_envs())
+        torch.nn.init.normal_(agent.actor.weight, std=0.5)
+        mask = random_mask(generator, 3) if module is masked else None
+        mask_kw = {"mask": mask} if mask is not None else {}
+        with torch.no_grad():
+            action = agent.get_action_and_value(obs, **mask_kw)[0]
+            _, logprob, entropy, _ = agent.get_action_and_value(obs, action, units, **mask_kw)
+            logits = agent.actor(agent.network(obs.float())).view(3, 100, -1)
+            expected_logprob, expected_entropy = manual_logprob_and_entropy(logits, action, mask, units)
+            assert torch.allclose(logprob.double(), expected_logprob, rtol=1e-4), module.__name__
+            assert torch.allclose(entropy.double(), expected_entropy, rtol=1e-4), module.__name__
+            idle = int(torch.nonzero(~units[0])[0])  # a cell the env ignores: its action changes nothing
+            other = action.clone()
+            other[:, idle, 6] = (other[:, idle, 6] + 1) % 49
+            assert torch.equal(agent.get_action_and_value(obs, other, units, **mask_kw)[1], logprob)
+            other[:, 7, 6] = (other[:, 7, 6] + 1) % 49  # an acting unit's does
+            if module is plain:
+                assert not torch.allclose(agent.get_action_and_value(obs, other, units, **mask_kw)[1], logprob)
+            everything = agent.get_action_and_value(obs, action, None, **mask_kw)[2]
+            assert (everything > entropy).all()  # without `units` every cell counts (the former, noisy sum)
 
 
 # ---------------------------------------------------------------- invalid action masking (no JVM)
@@ -293,7 +325,9 @@ obs, _ = envs.reset(seed=1)
 mask = envs.get_action_mask()
 out = {"obs": [list(obs.shape), str(obs.dtype), int(obs.max())], "nvec": envs.single_action_space.nvec.tolist()[:2],
        "nvec_shape": list(envs.single_action_space.nvec.shape), "mask": list(mask.shape), "check_env": m.check_env(envs),
-       "valid_cells": int(mask.any(-1).sum()), "dones": [], "episodes": [], "rewards": [], "invalid": 0}
+       "valid_cells": int(mask.any(-1).sum()), "dones": [], "episodes": [], "rewards": [], "invalid": 0,
+       "units": list(envs.get_unit_mask().shape), "unit_cells": int(envs.get_unit_mask().sum()),
+       "units_are_the_envs": bool((envs.get_unit_mask() == envs.source_unit_mask).all())}
 torch.manual_seed(0)
 agent = m.Agent(envs)
 for t in range(75):
@@ -333,6 +367,7 @@ def test_microrts_adapter_spaces_dones_and_episode_statistics(tmp_path, name):
     assert out["obs"] == [[2, 27, 10, 10], "uint8", 1]  # channels first, one-hot planes
     assert out["nvec_shape"] == [100, 7] and out["nvec"] == [PLANE, PLANE] and out["check_env"] is None
     assert out["mask"] == [2, 100, 78] and out["valid_cells"] >= 2  # at least a base and a worker per env can act
+    assert out["units"] == [2, 100] and out["unit_cells"] >= 2 and out["units_are_the_envs"]  # the cells it executes
     dones = np.array(out["dones"])
     assert dones[[29, 59]].all() and dones.sum() == 4  # both games end at tick 30 and 60, and only then (ppo2's dones)
     rewards = np.array(out["rewards"])
@@ -361,10 +396,8 @@ def test_smoke_run_on_the_default_scenario(tmp_path, name):
                 "losses/approx_kl", "losses/clipfrac", "losses/explained_variance"]:  # fmt: skip
         assert [step for step, _ in scalars[tag]] == [128, 256], tag
     entropy = scalars["losses/entropy"][0][1]
-    uniform = 100 * float(np.log(PLANE).sum())  # near-uniform first policy (policy head gain 0.01) over 700 components
-    if name == PLAIN:
-        assert entropy == pytest.approx(uniform, rel=1e-3)
-    else:
-        assert 0 < entropy < 0.2 * uniform  # only the few cells with units that can act, only their valid values
+    cell = float(np.log(PLANE).sum())  # a near-uniform first policy (policy head gain 0.01): a cell's 7 components
+    # only the cells whose unit can act now (a base or a worker when idle; 0.2 cells a step here), not all 100 cells
+    assert 0 < entropy < 5 * cell  # masked: besides, only the valid values of those cells
     checkpoint = torch.load(run_dir / "checkpoint.pt", weights_only=True)
     assert checkpoint["script"] == name and checkpoint["iteration"] == 2

@@ -58,7 +58,7 @@ def test_orthogonal_init_scales(script):
     assert n_linear == (6 if script == "ppo.py" else 4)  # core-13: separate vs shared trunk
 
 
-CATEGORICAL_SCRIPTS = ["ppo.py", "ppo_shared.py", "ppo_atari.py", "ppo_atari_ale_vector.py", "ppo_atari_lstm.py"]
+CATEGORICAL_SCRIPTS = ["ppo.py", "ppo_shared.py", "ppo_atari.py", "ppo_atari_envpool.py", "ppo_atari_lstm.py"]
 CATEGORICAL_SCRIPTS += ["ppo_atari_multigpu.py"]
 
 

@@ -298,7 +298,7 @@ def runs_dir(tmp_path_factory):
     for seed in (1, 2, 3):  # 150 episodes, values i + 10*seed
         write_run(runs, f"CartPole-v1__ppo__{seed}__1000", [((i + 1) * 100, i + 10 * seed) for i in range(150)], 20000)
     write_run(runs, "CartPole-v1__ppo__1__999", [(100, -5.0)], 100)  # an older run of seed 1: ignored
-    write_run(runs, "ALE/Pong-v5__ppo_atari_ale_vector__1__1000", [(1000, -21.0), (2000, -20.0)], 4096)
+    write_run(runs, "ALE/Pong-v5__ppo_atari_envpool__1__1000", [(1000, -21.0), (2000, -20.0)], 4096)
     write_run(runs, "not_a_run_name", [(1, 1.0)], 1)
     return runs
 
@@ -308,7 +308,7 @@ def test_report_finds_and_parses_runs_including_nested_env_ids(runs_dir):
     assert report.parse_run_name("CartPole-v1__ppo__x__1") is None
     found, skipped = report.find_runs(runs_dir)
     assert sorted((r.env, r.exp, r.seed, r.timestamp) for r in found) == [
-        ("ALE/Pong-v5", "ppo_atari_ale_vector", 1, 1000),
+        ("ALE/Pong-v5", "ppo_atari_envpool", 1, 1000),
         ("CartPole-v1", "ppo", 1, 999),
         ("CartPole-v1", "ppo", 1, 1000),
         ("CartPole-v1", "ppo", 2, 1000),

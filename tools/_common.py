@@ -11,13 +11,13 @@ PARENTS = {
     "ppo_atari.py": "ppo.py",
     "ppo_continuous_action.py": "ppo.py",
     "ppo_atari_lstm.py": "ppo_atari.py",
-    "ppo_atari_ale_vector.py": "ppo_atari.py",
+    "ppo_atari_envpool.py": "ppo_atari.py",
     "ppo_atari_multigpu.py": "ppo_atari.py",
     "ppo_multidiscrete.py": "ppo_atari.py",
     "ppo_multidiscrete_mask.py": "ppo_multidiscrete.py",
 }
 VARIANTS = list(PARENTS)
-ATARI_SCRIPTS = ["ppo_atari.py", "ppo_atari_ale_vector.py", "ppo_atari_lstm.py", "ppo_atari_multigpu.py"]
+ATARI_SCRIPTS = ["ppo_atari.py", "ppo_atari_envpool.py", "ppo_atari_lstm.py", "ppo_atari_multigpu.py"]
 
 
 def script_name(name):

@@ -180,7 +180,7 @@ def _ids(group, n):
 EVERY_VARIANT = _ids("core", 13) + ["aux-1", "aux-3"]
 REQUIRED = {
     "ppo_atari.py": _ids("atari", 9),
-    "ppo_atari_ale_vector.py": _ids("atari", 9),
+    "ppo_atari_envpool.py": _ids("atari", 9),
     "ppo_atari_lstm.py": _ids("atari", 9) + _ids("lstm", 5),
     "ppo_atari_multigpu.py": _ids("atari", 9) + ["aux-2"],
     "ppo_continuous_action.py": _ids("continuous", 9),

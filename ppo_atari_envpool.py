@@ -1,4 +1,4 @@
-# PPO on Atari with ale-py's C++ vector env: the 9 Atari details as its arguments (the blog's envpool). Parent: ppo_atari.py.
+# PPO on Atari with envpool's C++ envs (the blog's fast variant), playing ppo2's game. Parent: ppo_atari.py.
 import os
 import random
 import signal
@@ -7,6 +7,7 @@ import time
 from dataclasses import asdict, dataclass
 
 import ale_py
+import envpool
 import gymnasium as gym
 import numpy as np
 import torch
@@ -56,6 +57,8 @@ class Args:
     """the id of the environment"""
     total_timesteps: int = 10000000
     """total timesteps of the experiments"""
+    max_episode_frames: int = 400000
+    """frames after which a game is cut (truncated): 400000 as in ppo2 (gym 0.21); 108000 for the 30-minute protocol"""
     learning_rate: float = 2.5e-4
     """the learning rate of the optimizer"""
     num_envs: int = 8
@@ -129,6 +132,10 @@ def check_args(args):
     atari = args.env_id.endswith("NoFrameskip-v4") or (args.env_id.startswith("ALE/") and args.env_id.endswith("-v5"))
     if not atari or gym.spec(args.env_id).entry_point != "ale_py.env:AtariEnv":
         return f"{os.path.basename(__file__)} needs an Atari id, <Game>NoFrameskip-v4 or ALE/<Game>-v5, not '{args.env_id}'"
+    if not args.max_episode_frames >= 1:
+        return f"--max-episode-frames is {args.max_episode_frames}; a game needs at least 1 frame (ppo2: 400000)"
+    if envpool_task(args.env_id) not in envpool.list_all_envs():
+        return f"envpool has no {envpool_task(args.env_id)} for '{args.env_id}'; run it with ppo_atari.py"
     if args.capture_video:
         return "the C++ vector env renders no video; record with ppo_atari.py --capture-video"
     return None
@@ -144,57 +151,116 @@ def check_env(envs):
     return None
 
 
-class RecordGameStatistics(gym.vector.VectorWrapper):
-    """Return and length of each whole game (all lives, unclipped), in infos["final_info"] as SyncVectorEnv gives them."""
+def envpool_task(env_id):
+    """envpool's id of an Atari id: <Game>NoFrameskip-v4 and ALE/<Game>-v5 -> <Game>-v5 (the ROM of gymnasium's spec)."""
+    return "".join(word.capitalize() for word in gym.spec(env_id).kwargs["game"].split("_")) + "-v5"
 
-    def reset(self, **kwargs):
-        obs, infos = self.env.reset(**kwargs)
+
+class EnvpoolAtari:
+    """envpool's C++ Atari envs playing ppo2's game: autoreset on the same step, FIRE after every start, zeros in the
+    frame stack after every done, and each whole game's real return in infos["final_info"] (as SyncVectorEnv gives)."""
+
+    def __init__(self, task_id, num_envs, fire, **options):
+        self.task_id, self.num_envs, self.fire, self.options, self.envs = task_id, num_envs, fire, options, None
+        self.make(seed=0)
+        self.single_observation_space = gym.spaces.Box(0, 255, (4, 84, 84), np.uint8)
+        self.single_action_space = gym.spaces.Discrete(self.envs.action_space.n)
+        self.action_space = gym.vector.utils.batch_space(self.single_action_space, num_envs)
+
+    def make(self, seed):
+        self.close()  # envpool takes its seed when made: env i gets seed + i
+        self.envs = envpool.make(self.task_id, env_type="gymnasium", num_envs=self.num_envs, seed=seed, **self.options)
+
+    def close(self):
+        if self.envs is not None:
+            self.envs.close()
+
+    def substep(self, actions, ids):
+        """Step the envs `ids` (all of them in a normal step); the outputs in the order of `ids`."""
+        frames, rewards, terminations, truncations, infos = self.envs.step(np.asarray(actions, dtype=np.int64), ids)
+        order = np.argsort(infos["env_id"])  # ids ascend
+        self.lives[ids] = infos["lives"][order]
+        game_over = infos["terminated"].astype(bool) | truncations  # a life loss is a termination, not a game over
+        return frames[order], rewards[order], terminations[order], truncations[order], game_over[order]
+
+    def record(self, ids, rewards, game_over):
+        self.returns[ids] += rewards
+        self.lengths[ids] += 1
+        over = ids[game_over]
+        self.ended[over], self.final_returns[over], self.final_lengths[over] = True, self.returns[over], self.lengths[over]
+        self.returns[over], self.lengths[over] = 0, 0
+
+    def start(self, ids, frames):
+        """Frames after envpool's start of the envs `ids` (1 to 30 no-op frames; a new game only after the last life)."""
+        # detail atari-4: FireReset, FIRE then action 2 (4 frames each) after every start and life loss, as baselines
+        for action in (1, 2) if self.fire else ():
+            frames, rewards, terminations, truncations, game_over = self.substep(np.full(len(ids), action), ids)
+            self.record(ids, rewards, game_over)
+            again = terminations | truncations  # baselines' FireReset: a done among the presses starts again
+            if again.any():  # envpool starts an env on its step after a done, whatever the action
+                frames[again] = self.substep(np.zeros(again.sum()), ids[again])[0]
+        return frames
+
+    def reset(self, seed=None, options=None):
+        if seed is not None:
+            self.make(seed)
+        frames, infos = self.envs.reset()  # every env starts a new game
         self.returns, self.lengths = np.zeros(self.num_envs), np.zeros(self.num_envs, dtype=np.int64)
-        self.frames = infos["episode_frame_number"]
-        return obs, infos
+        self.final_returns, self.final_lengths = np.zeros(self.num_envs), np.zeros(self.num_envs, dtype=np.int64)
+        self.ended, ids = np.zeros(self.num_envs, dtype=bool), np.arange(self.num_envs)
+        self.lives = infos["lives"][np.argsort(infos["env_id"])]
+        self.stack = np.zeros((self.num_envs,) + self.single_observation_space.shape, dtype=np.uint8)
+        self.stack[:, -1] = self.start(ids, frames[np.argsort(infos["env_id"])])[:, 0]
+        return self.stack.copy(), {"lives": self.lives.copy()}
 
     def step(self, actions):
-        obs, rewards, terminations, truncations, infos = self.env.step(actions)
-        self.returns, self.lengths = self.returns + rewards, self.lengths + 1
-        # the game is over when the env was reset (its frame count restarted); after a life loss the count goes on
-        game_over = truncations | (terminations & (infos["episode_frame_number"] <= self.frames))
-        self.frames = infos["episode_frame_number"]
-        if game_over.any():
-            infos["final_info"] = {"episode": {"r": self.returns.copy(), "l": self.lengths.copy()}, "_episode": game_over}
-            self.returns[game_over], self.lengths[game_over] = 0, 0
-        return obs, rewards, terminations, truncations, infos
+        self.ended[:] = False
+        ids = np.arange(self.num_envs)
+        frames, rewards, terminations, truncations, game_over = self.substep(actions, ids)
+        self.record(ids, rewards, game_over)
+        dones = terminations | truncations
+        if dones.any():  # ppo2's autoreset: the observation after a done is the next episode's first
+            done_ids = ids[dones]
+            frames[dones] = self.start(done_ids, self.substep(np.zeros(len(done_ids)), done_ids)[0])
+        # detail atari-7: FrameStack, the last 4 frames (zeros before each episode's first, as ppo2's VecFrameStack)
+        self.stack = np.roll(self.stack, -1, axis=1)
+        self.stack[dones] = 0
+        self.stack[:, -1] = frames[:, 0]
+        infos = {"lives": self.lives.copy()}  # after the start of a new episode, as SyncVectorEnv's
+        if self.ended.any():
+            episode = {"r": self.final_returns.copy(), "l": self.final_lengths.copy()}
+            infos["final_info"] = {"episode": episode, "_episode": self.ended.copy()}
+        # detail atari-6: ClipReward, the sign of the reward (learning only; the logged return is unclipped)
+        return self.stack.copy(), np.sign(rewards), terminations, truncations, infos
 
 
 def make_envs(args, run_name, num_envs=None):
-    spec = gym.spec(args.env_id).kwargs  # the id's ROM, sticky actions (NoFrameskip-v4: 0, ALE/<Game>-v5: 0.25), frame limit
+    spec = gym.spec(args.env_id).kwargs  # the id's ROM and sticky actions (NoFrameskip-v4: 0, ALE/<Game>-v5: 0.25)
+    ale = gym.make(args.env_id)
+    fire = "FIRE" in ale.unwrapped.get_action_meanings()
+    ale.close()
     # detail core-1: vectorized architecture (N envs stepped together by C++ threads; ppo2 autoreset: same step)
-    envs = ale_py.vector_env.AtariVectorEnv(
-        spec["game"],
+    return EnvpoolAtari(
+        envpool_task(args.env_id),
         num_envs or args.num_envs,
+        fire,
         repeat_action_probability=spec["repeat_action_probability"],
-        max_num_frames_per_episode=spec["max_num_frames_per_episode"],
-        autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
-        # detail atari-1: NoopReset, up to 30 no-op frames at reset (ale-py draws 0 to 29, baselines 1 to 30)
+        max_episode_steps=-(-args.max_episode_frames // 4),  # envpool counts steps of 4 frames
+        # detail atari-1: NoopReset, 1 to 30 no-op frames at a game's start (and, in envpool, after a life loss)
         noop_max=30,
+        use_fire_reset=False,  # envpool's own would press FIRE for 1 frame; EnvpoolAtari presses as baselines do
         # detail atari-2: MaxAndSkip, repeat each action 4 frames, observe the max of the last 2
-        frameskip=4,
-        maxpool=True,
+        frame_skip=4,
         # detail atari-3: EpisodicLife, a life loss ends the learning episode (terminated), the game goes on
-        life_loss_info=True,
-        episodic_life=False,  # True would also reset the game at each life loss
-        # detail atari-4: FireReset, press FIRE at reset for games that have it (not after a life loss, unlike baselines)
-        use_fire_reset=True,
-        # detail atari-5: WarpFrame, 84x84 grayscale
+        episodic_life=True,
+        # detail atari-5: WarpFrame, 84x84 grayscale (area averaging, as baselines' cv2.INTER_AREA)
         img_height=84,
         img_width=84,
-        grayscale=True,
-        # detail atari-7: FrameStack, the last 4 frames (zeros before a game's first; they roll on over a life loss)
-        stack_num=4,
-        reward_clipping=False,  # clipped below, after the statistics, so the logged return is the real one
+        gray_scale=True,
+        use_inter_area_resize=True,
+        stack_num=1,  # EnvpoolAtari stacks the frames (ppo2's zeros after every done)
+        reward_clip=False,  # EnvpoolAtari clips after its statistics, so the logged return is the real one
     )
-    envs = RecordGameStatistics(envs)
-    # detail atari-6: ClipReward, the sign of the reward (learning only; the logged return is unclipped)
-    return gym.wrappers.vector.TransformReward(envs, np.sign)
 
 
 def layer_init(layer, std=np.sqrt(2), bias_const=0.0):
