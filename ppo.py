@@ -554,7 +554,10 @@ if __name__ == "__main__":
             if time.time() - last_print > 10 or iteration == args.num_iterations:
                 last_print = time.time()
                 recent = f"{np.mean(recent_returns):.1f}" if recent_returns else "n/a"
-                print(f"step {global_step}/{args.num_iterations * args.batch_size} | return {recent} (last 20) | SPS {sps}")
+                print(
+                    f"step {global_step}/{args.num_iterations * args.batch_size} | return {recent} (last 20) | SPS {sps}",
+                    flush=True,
+                )
 
             at_save_point = args.save_every and iteration % args.save_every == 0
             if args.save_model and (at_save_point or iteration == args.num_iterations):

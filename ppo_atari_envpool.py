@@ -591,7 +591,7 @@ if __name__ == "__main__":
                 next_obs = torch.as_tensor(next_obs, device=device)
                 next_done = torch.as_tensor(np.logical_or(terminations, truncations), device=device, dtype=torch.float32)
 
-                if "episode" in infos.get("final_info", {}):  # a life loss ends an episode without a game's statistics
+                if "episode" in infos.get("final_info", {}):  # an episode ended (Atari: a game, not a life)
                     ended, episode = infos["final_info"]["_episode"], infos["final_info"]["episode"]
                     for r, length in zip(episode["r"][ended], episode["l"][ended]):
                         writer.add_scalar("charts/episodic_return", r, global_step)
@@ -661,7 +661,10 @@ if __name__ == "__main__":
             if time.time() - last_print > 10 or iteration == args.num_iterations:
                 last_print = time.time()
                 recent = f"{np.mean(recent_returns):.1f}" if recent_returns else "n/a"
-                print(f"step {global_step}/{args.num_iterations * args.batch_size} | return {recent} (last 20) | SPS {sps}")
+                print(
+                    f"step {global_step}/{args.num_iterations * args.batch_size} | return {recent} (last 20) | SPS {sps}",
+                    flush=True,
+                )
 
             at_save_point = args.save_every and iteration % args.save_every == 0
             if args.save_model and (at_save_point or iteration == args.num_iterations):

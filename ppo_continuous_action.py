@@ -207,7 +207,7 @@ class VecNormalize(gym.vector.VectorWrapper):
 
     def step(self, actions):
         obs, rewards, terminations, truncations, infos = self.env.step(actions)
-        # detail continuous-8: reward scaling, divided by the running std of the discounted return (the script's gamma)
+        # detail continuous-8: reward scaling, divided by the running std of the discounted return (--gamma; ppo2: 0.99)
         self.returns = self.returns * self.gamma + rewards
         if self.training:
             self.ret_rms.update(self.returns)
@@ -645,7 +645,10 @@ if __name__ == "__main__":
             if time.time() - last_print > 10 or iteration == args.num_iterations:
                 last_print = time.time()
                 recent = f"{np.mean(recent_returns):.1f}" if recent_returns else "n/a"
-                print(f"step {global_step}/{args.num_iterations * args.batch_size} | return {recent} (last 20) | SPS {sps}")
+                print(
+                    f"step {global_step}/{args.num_iterations * args.batch_size} | return {recent} (last 20) | SPS {sps}",
+                    flush=True,
+                )
 
             at_save_point = args.save_every and iteration % args.save_every == 0
             if args.save_model and (at_save_point or iteration == args.num_iterations):

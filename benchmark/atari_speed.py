@@ -1,4 +1,4 @@
-"""Speed of the two Atari pipelines on this machine: ppo_atari.py (gymnasium wrappers) vs ppo_atari_envpool.py (C++).
+"""Speed of the two Atari pipelines on this machine: ppo_atari.py (gymnasium wrappers) vs ppo_atari_envpool.py (envpool, C++).
 
     python benchmark/atari_speed.py                                   # small settings (a few minutes on 2 CPU cores)
     python benchmark/atari_speed.py --num-envs 8 --num-steps 128 --train-iterations 4 --torch-threads 0

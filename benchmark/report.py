@@ -202,6 +202,12 @@ def summarize(groups, reference, last=100):
     return rows
 
 
+def curve_label(exp, runs):
+    """The legend of a group's curve: its script, its seeds and the steps of its shortest seed."""
+    seeds = ", ".join(str(r.seed) for r in sorted(runs, key=lambda r: r.seed))
+    return f"{exp}: seed{'s' if len(runs) > 1 else ''} {seeds}, {_steps(min(r.last_step for r in runs))} steps"
+
+
 def plot_env(env, groups, refs_by_script, out_path, window):
     import matplotlib
 
@@ -219,7 +225,7 @@ def plot_env(env, groups, refs_by_script, out_path, window):
                 continue
             grid, mean, std, count = c
             grid = grid if x == "step" else grid / scale
-            ax.plot(grid, mean, color=color, label=f"{exp} ({len(runs)} seed{'s' if len(runs) > 1 else ''})")
+            ax.plot(grid, mean, color=color, label=curve_label(exp, runs))
             ax.fill_between(grid, mean - std, mean + std, color=color, alpha=0.2, linewidth=0)
         for baseline, style in (("ppo2", "--"), ("cleanrl", ":")):
             row = refs_by_script.get(exp, {}).get(baseline)

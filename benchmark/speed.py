@@ -4,10 +4,10 @@
     python benchmark/speed.py ppo.py ppo_shared.py  # some scripts
     python benchmark/speed.py --repeats 3 --train-steps 30720 ppo.py
     python benchmark/speed.py --script-args="--torch-threads 2" ppo_atari.py   # flags added to each training run
-    python benchmark/speed.py --before ppo.py ppo_atari.py  # also each script's unoptimized baseline: before/after
+    python benchmark/speed.py --against HEAD~3 ppo.py ppo_atari.py  # before/after: each script beside its REV version
 
-`--before` runs, next to each script, its frozen baseline `benchmark/baselines/<script>_unoptimized.py`: the same
-algorithm (same seed, same logged numbers) written the usual single-file way, without the overhead removal of issue 9.
+`--against REV` takes each script as it was at the git revision REV (`git show REV:<script>` into a temporary folder;
+the scripts import nothing of ours) and measures it next to the current one, runs interleaved, with the ratio.
 
 For each script: env-only throughput (random actions through the script's own `make_envs`, so the same wrappers
 and vector env), and training SPS measured from the TensorBoard events of a run of the script itself, between
@@ -92,7 +92,7 @@ def main():
     parser.add_argument("--env-id", help="override each script's env id")
     parser.add_argument("--env-seconds", type=float, default=5.0, help="seconds per env-only measurement")
     parser.add_argument("--script-args", default="", help="flags added to every training run (one string)")
-    parser.add_argument("--before", action="store_true", help="also measure each script's unoptimized baseline")
+    parser.add_argument("--against", metavar="REV", help="also measure each script as it was at git revision REV")
     opts = parser.parse_args()
     if opts.repeats < 1 or not opts.env_seconds > 0 or (opts.train_steps is not None and opts.train_steps < 1):
         parser.error("--repeats and --train-steps must be at least 1, and --env-seconds above 0")
@@ -100,8 +100,13 @@ def main():
     missing = [s for s in scripts if not Path(s).is_file() and not (ROOT / s).is_file()]
     if missing:
         parser.error(f"no such script: {', '.join(missing)} (give a path, or a name at the repository root)")
+    old = tempfile.TemporaryDirectory()
+    try:
+        before = {s: script_at(opts.against, s, Path(old.name)) for s in scripts} if opts.against else {}
+    except ValueError as e:
+        parser.error(str(e))
     # groups measured together, their runs interleaved so that slow phases of the machine hit all alike
-    groups = [[x for x in (baseline_of(s), s) if x] if opts.before else [s] for s in scripts]
+    groups = [[before[s], s] if opts.against else [s] for s in scripts]
     rows = []
     for group in groups:
         paths = [(Path(s) if Path(s).exists() else ROOT / s).resolve() for s in group]
@@ -116,6 +121,7 @@ def main():
         for path in paths:
             env_sps, train_sps = statistics.median(env_runs[path]), statistics.median(train_runs[path])
             shown = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
+            shown = f"{path.name}@{opts.against}" if path.is_relative_to(Path(old.name).resolve()) else shown
             label = f"{shown} {opts.script_args}".strip()
             rows.append((label, env_id, env_sps, train_sps, train_sps / env_sps, train_runs[path]))
             print(f"measured {shown}: env-only {env_sps:,.0f}, training {train_sps:,.0f} ({train_runs[path]})", flush=True)
@@ -124,18 +130,25 @@ def main():
     print("|---|---|---|---|---|")
     for script, env_id, env_sps, train_sps, ratio, _ in rows:
         print(f"| {script} | {env_id} | {env_sps:,.0f} | {train_sps:,.0f} | {ratio:.2f} |")
-    pairs = [(b, a) for b, a in zip(rows, rows[1:]) if "_unoptimized" in b[0] and "_unoptimized" not in a[0]]
+    old.cleanup()
+    pairs = [(b, a) for b, a in zip(rows, rows[1:]) if "@" in b[0].split()[0] and "@" not in a[0].split()[0]]
     if pairs:
-        print("\n| script | env | before (unoptimized baseline) | after | after / before |")
+        print(f"\n| script | env | before ({opts.against}) SPS | after SPS | after / before |")
         print("|---|---|---|---|---|")
         for before, after in pairs:
             print(f"| {after[0]} | {after[1]} | {before[3]:,.0f} | {after[3]:,.0f} | {after[3] / before[3]:.2f} |")
 
 
-def baseline_of(script):
-    """The unoptimized baseline of a script, as a path string, or None when it has none."""
-    path = ROOT / "benchmark" / "baselines" / (Path(script).stem + "_unoptimized.py")
-    return str(path) if path.exists() else None
+def script_at(rev, script, folder):
+    """Write `script` as it was at git revision `rev` into `folder`; its path as a string (ValueError: one line why)."""
+    name = Path(script).name
+    res = subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:{name}"], capture_output=True)
+    if res.returncode != 0:
+        reason = (res.stderr.decode(errors="replace").strip().splitlines() or ["git failed"])[0]
+        raise ValueError(f"--against {rev}: no {name} at that revision ({reason})")
+    path = folder / name
+    path.write_bytes(res.stdout)
+    return str(path)
 
 
 if __name__ == "__main__":

@@ -46,9 +46,7 @@ SUITES = {
     ),
     "atari": Suite(["ppo_atari.py"], _ATARI, 10_000_000, "Atari table (ppo2 and CleanRL)"),
     "atari_lstm": Suite(["ppo_atari_lstm.py"], _ATARI, 10_000_000, "Atari LSTM table (ppo2 cnn_lstm and CleanRL)"),
-    "atari_envpool": Suite(
-        ["ppo_atari_envpool.py"], _ATARI, 10_000_000, "Atari on the native vector env (compare with the Atari table)"
-    ),
+    "atari_envpool": Suite(["ppo_atari_envpool.py"], _ATARI, 10_000_000, "Atari on envpool (compare with the Atari table)"),
     "pong_5min": Suite(
         ["ppo_atari_envpool.py"],
         ["PongNoFrameskip-v4"],

@@ -2,6 +2,8 @@
 
 import difflib
 import math
+import os
+import select
 import signal
 import subprocess
 import sys
@@ -519,3 +521,19 @@ def test_shared_differs_from_ppo_by_under_40_lines():
         line for line in difflib.unified_diff(a, b, lineterm="") if line[:1] in "+-" and not line.startswith(("+++", "---"))
     ]
     assert 0 < len(changed) < 40
+
+
+def test_status_line_reaches_a_log_file_while_the_run_goes_on(tmp_path):
+    """`nohup python ppo.py > log`: stdout is a file or pipe (block-buffered), yet each status line shows at once."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    cmd = [sys.executable, str(ROOT / "ppo.py"), "--total-timesteps", "100000000", "--save-every", "0"]
+    proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
+    lines, deadline = b"", time.time() + 120
+    try:
+        while b"| SPS" not in lines and time.time() < deadline and proc.poll() is None:
+            if select.select([proc.stdout], [], [], 1.0)[0]:
+                lines += os.read(proc.stdout.fileno(), 4096)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert b"training CartPole-v1" in lines and b"| SPS" in lines, lines  # the first iteration's line, run still going

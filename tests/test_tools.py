@@ -331,6 +331,8 @@ def test_report_curves_average_over_seeds_against_steps_and_wall_time(runs_dir):
     grid, mean, _, _ = report.curve(runs, x="time", window=100)
     assert 9 < grid[0] < 15 and 158 < grid[-1] < 165  # seconds since each run's first event
     assert mean[-1] == pytest.approx(np.mean(ends))
+    assert report.curve_label("ppo", runs[::-1]) == "ppo: seeds 1, 2, 3, 20k steps"  # each figure names seeds and steps
+    assert report.curve_label("ppo", runs[:1]) == "ppo: seed 1, 20k steps"
 
 
 def test_report_writes_figures_and_the_table(runs_dir, tmp_path):
@@ -359,24 +361,20 @@ def test_report_writes_figures_and_the_table(runs_dir, tmp_path):
     assert tool("benchmark/report.py", tmp_path / "empty_nothing", "--out", out).returncode != 0
 
 
-# ------------------------------------------------------------------------------------------- speed baselines
+# ----------------------------------------------------------------------------------------- speed, before/after
 
 
-@pytest.mark.parametrize("baseline", sorted(p.name for p in (ROOT / "benchmark" / "baselines").glob("*_unoptimized.py")))
-def test_speed_baselines_keep_their_scripts_hyper_parameters(baseline):
-    """A before/after speed ratio compares the same algorithm: each frozen baseline's defaults are its script's."""
-    script = load_module(baseline.replace("_unoptimized", ""))
-    frozen = load_module(f"benchmark/baselines/{baseline}")
-    speed_only = {"exp_name", "torch_threads"}  # the baseline keeps torch's default threads, as the usual PPO does
-    ours = {k: v for k, v in vars(script.Args()).items() if k not in speed_only}
-    theirs = {k: v for k, v in vars(frozen.Args()).items() if k not in speed_only}
-    assert {k: theirs.get(k) for k in ours} == ours
-
-
-def test_speed_before_pairs_each_script_with_its_baseline():
-    speed = load_module("benchmark/speed.py")
-    assert speed.baseline_of("ppo_atari.py").endswith("benchmark/baselines/ppo_atari_unoptimized.py")
-    assert speed.baseline_of("ppo_shared.py") is None
+def test_speed_against_a_revision_runs_both_interleaved():
+    """--against REV: each script as it was at REV (git show) beside the current one, and their ratio."""
+    args = ["--against", "HEAD", "--repeats", "1", "--train-steps", "4096", "--env-seconds", "0.3", "ppo.py"]
+    res = tool("benchmark/speed.py", *args, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "measured ppo.py@HEAD:" in res.stdout and "measured ppo.py:" in res.stdout
+    assert res.stdout.index("measured ppo.py@HEAD:") < res.stdout.index("measured ppo.py:")  # interleaved, old first
+    ratios = res.stdout[res.stdout.index("after / before |") :]  # the before/after table, after the speed table
+    (row,) = [line for line in ratios.splitlines() if line.startswith("| ppo.py | CartPole-v1 |")]
+    before, after, ratio = (float(c.strip().replace(",", "")) for c in row.strip("|").split("|")[2:5])
+    assert ratio == pytest.approx(after / before, abs=0.01)
 
 
 @pytest.mark.parametrize(
@@ -386,6 +384,7 @@ def test_speed_before_pairs_each_script_with_its_baseline():
         (["--repeats", "0", "ppo.py"], "--repeats"),
         (["--env-seconds", "nan", "ppo.py"], "--env-seconds above 0"),
         (["--train-steps", "0", "ppo.py"], "--train-steps must be at least 1"),
+        (["--against", "no-such-rev", "ppo.py"], "--against no-such-rev: no ppo.py at that revision"),
     ],
 )
 def test_speed_bad_input_one_clear_line(args, message):
