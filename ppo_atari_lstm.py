@@ -599,7 +599,10 @@ if __name__ == "__main__":
     next_lstm_state = agent.initial_state(args.num_envs)
     stop = StopRequest()
     completed, rng_at_start = start_iteration - 1, None
-    print(f"training {run_name}: iterations {start_iteration}..{args.num_iterations} of {args.batch_size} steps", flush=True)
+    print(
+        f"training {run_name} on {device}: iterations {start_iteration}..{args.num_iterations} of {args.batch_size} steps",
+        flush=True,
+    )
 
     try:
         for iteration in range(start_iteration, args.num_iterations + 1):

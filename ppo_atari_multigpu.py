@@ -394,7 +394,7 @@ def setup_distributed(args):
         error = f"more ranks on this machine than its {gpus} GPU(s): use --nproc_per_node {gpus}, or --no-cuda (gloo on CPUs)"
     elif args.num_envs % world_size or (args.num_envs // world_size * args.num_steps) % args.num_minibatches:
         error = f"--num-envs {args.num_envs} must split evenly over {world_size} ranks, each rank's batch over the minibatches"
-    elif world_size > 1:  # gloo on CPUs, nccl on GPUs (one GPU per rank)
+    elif world_size > 1 or "MASTER_ADDR" in os.environ:  # torchrun (one rank too): gloo on CPUs, nccl on GPUs, a GPU a rank
         if use_cuda:
             torch.cuda.set_device(device)
         dist.init_process_group("nccl" if use_cuda else "gloo", rank=rank, world_size=world_size)
@@ -612,7 +612,10 @@ if __name__ == "__main__":
     next_done = torch.zeros(local_num_envs).to(device)
     stop = StopRequest()
     completed, rng_at_start = start_iteration - 1, None
-    print(f"training {run_name}: iterations {start_iteration}..{args.num_iterations} of {args.batch_size} steps", flush=True)
+    print(
+        f"training {run_name} on {device}: iterations {start_iteration}..{args.num_iterations} of {args.batch_size} steps",
+        flush=True,
+    )
 
     try:
         for iteration in range(start_iteration, args.num_iterations + 1):
@@ -731,7 +734,7 @@ if __name__ == "__main__":
         print(f"checkpoint of iteration {completed} (step {completed * args.batch_size}) written to {checkpoint_path}")
         print(f"continue with: python {os.path.basename(__file__)} --resume {checkpoint_path}")
 
-    if world_size > 1 and not stop.signum:  # all-reduced gradients and equal steps: every rank holds the same parameters
+    if dist.is_initialized() and not stop.signum:  # all-reduced gradients, equal steps: every rank holds the same parameters
         flat = torch.cat([p.detach().flatten() for p in agent.parameters()])
         low, high = flat.clone(), flat.clone()
         dist.all_reduce(low, op=dist.ReduceOp.MIN)

@@ -527,7 +527,10 @@ if __name__ == "__main__":
     next_mask = torch.as_tensor(envs.get_action_mask(), device=device).bool()
     stop = StopRequest()
     completed, rng_at_start = start_iteration - 1, None
-    print(f"training {run_name}: iterations {start_iteration}..{args.num_iterations} of {args.batch_size} steps", flush=True)
+    print(
+        f"training {run_name} on {device}: iterations {start_iteration}..{args.num_iterations} of {args.batch_size} steps",
+        flush=True,
+    )
 
     try:
         for iteration in range(start_iteration, args.num_iterations + 1):

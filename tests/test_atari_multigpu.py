@@ -35,6 +35,13 @@ def test_two_ranks_stay_bit_identical_and_only_rank_0_logs(tmp_path):
     assert ckpt["iteration"] == 2 and ckpt["global_step"] == 256
 
 
+def test_torchrun_with_one_rank_still_makes_the_process_group(tmp_path):
+    """`torchrun --nproc_per_node 1` (one GPU: nccl) runs the all-reduces over a group of one, not the plain path."""
+    res = torchrun(1, *TINY, cwd=tmp_path)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "rank 0: parameters bit-identical on all 1 ranks" in res.stdout, res.stdout
+
+
 def test_without_torchrun_it_is_one_process(tmp_path):
     res = run_script("ppo_atari_multigpu.py", *TINY, cwd=tmp_path)
     assert res.returncode == 0, res.stderr

@@ -3,6 +3,7 @@
 import csv
 import importlib.util
 import math
+import os
 import re
 import shutil
 import subprocess
@@ -390,3 +391,31 @@ def test_speed_against_a_revision_runs_both_interleaved():
 def test_speed_bad_input_one_clear_line(args, message):
     res = tool("benchmark/speed.py", *args)
     assert res.returncode == 2 and message in res.stderr and "Traceback" not in res.stderr
+
+
+# ------------------------------------------------------------------------------------------------ GPU check
+
+
+def gpu_check(env, timeout=600):
+    full_env = {**os.environ, "OMP_NUM_THREADS": "1", **env}
+    cmd = ["bash", str(ROOT / "benchmark" / "gpu_check.sh")]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full_env, cwd=ROOT)
+
+
+def test_gpu_check_without_a_gpu_says_so_in_one_line():
+    res = gpu_check({})
+    assert res.returncode == 0 and res.stdout.strip().splitlines() == [
+        "gpu_check: no CUDA GPU visible to torch (torch.cuda.is_available() is False): nothing checked"
+    ], res.stdout + res.stderr
+
+
+def test_gpu_check_pong_monitor_and_torchrun_on_cpu():
+    """The same checks on the CPU (GPU_CHECK_EXPECT=cpu): torchrun makes its process group, and the Pong monitor stops
+    the run once the mean of the last 20 games reaches the target (-21 here: any 20 games), from the run's events."""
+    res = gpu_check({"GPU_CHECK_EXPECT": "cpu", "GPU_CHECK_PARTS": "torchrun pong", "PONG_TARGET": "-21"})
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "ok   torchrun_nccl" in res.stdout
+    (line,) = [x for x in res.stdout.splitlines() if x.startswith("ok   pong:")]
+    assert "the mean of the last 20 games reached" in line and "game 20)" in line
+    res = gpu_check({"GPU_CHECK_EXPECT": "cpu", "GPU_CHECK_PARTS": "pong", "LIMIT_SECONDS": "20"})
+    assert res.returncode == 1 and "FAIL pong: only" in res.stdout

@@ -1,0 +1,121 @@
+#!/usr/bin/env bash
+# GPU check, for a machine with one CUDA GPU; under 8 minutes in all:
+#   1. every variant for two iterations with --cuda: each must exit 0 and say it trained "on cuda" (a tensor on the
+#      wrong device makes torch raise, and the check fails with the script's last lines);
+#   2. ppo_atari_multigpu.py under `torchrun --nproc_per_node 1`: the process group is nccl's, on the GPU;
+#   3. Pong on ppo_atari_envpool.py at the blog's "Pong in 5 minutes" settings, until the mean return of the last 20
+#      games first reaches 20 (or the time left): prints the wall time and step at which it did.
+#
+#   bash benchmark/gpu_check.sh                  # without a CUDA GPU: one line saying so, exit 0
+#   LIMIT_SECONDS=480 PONG_TARGET=20 bash benchmark/gpu_check.sh
+#
+# Logs and runs go to a temporary folder (kept, its path printed). MicroRTS is checked only where gym-microrts and
+# Java are installed (bash tools/install_microrts.sh).
+set -euo pipefail
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+LIMIT_SECONDS=${LIMIT_SECONDS:-480}
+PONG_TARGET=${PONG_TARGET:-20}
+
+EXPECT=${GPU_CHECK_EXPECT:-cuda} # cpu: the same checks on a machine without a GPU (tests run it so)
+PARTS=${GPU_CHECK_PARTS:-"variants torchrun pong"}
+if [ "$EXPECT" = cuda ] && ! python -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
+  echo "gpu_check: no CUDA GPU visible to torch (torch.cuda.is_available() is False): nothing checked"
+  exit 0
+fi
+OUT=$(mktemp -d /tmp/gpu_check.XXXXXX)
+echo "gpu_check: $(python -c 'import torch; print(torch.cuda.get_device_name(0) if torch.cuda.is_available() else "CPU", "| torch", torch.__version__, "| CUDA", torch.version.cuda)'); logs in $OUT"
+SECONDS=0
+
+check() { # check NAME COMMAND...: run in $OUT, must exit 0 and report training on cuda
+  local name=$1 t0=$SECONDS
+  shift
+  if ! (cd "$OUT" && "$@") >"$OUT/$name.log" 2>&1; then
+    echo "FAIL $name: exit status not 0; last lines of $OUT/$name.log:"
+    tail -n 15 "$OUT/$name.log"
+    exit 1
+  fi
+  if ! grep -q " on $EXPECT" "$OUT/$name.log"; then
+    echo "FAIL $name: it did not train on $EXPECT ($(grep -m1 '^training ' "$OUT/$name.log" || echo 'no training line'))"
+    exit 1
+  fi
+  echo "ok   $name ($((SECONDS - t0)) s)"
+}
+
+part() { case " $PARTS " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
+
+# two iterations each: total steps = 2 x num_envs x num_steps of the script's defaults
+part variants && check ppo python "$ROOT/ppo.py" --cuda --total-timesteps 1024
+part variants && check ppo_shared python "$ROOT/ppo_shared.py" --cuda --total-timesteps 1024
+part variants && check ppo_continuous_action python "$ROOT/ppo_continuous_action.py" --cuda --total-timesteps 4096
+part variants && check ppo_atari python "$ROOT/ppo_atari.py" --cuda --total-timesteps 2048
+part variants && check ppo_atari_envpool python "$ROOT/ppo_atari_envpool.py" --cuda --total-timesteps 2048
+part variants && check ppo_atari_lstm python "$ROOT/ppo_atari_lstm.py" --cuda --total-timesteps 2048
+part variants && check ppo_atari_multigpu python "$ROOT/ppo_atari_multigpu.py" --cuda --total-timesteps 2048
+if ! part variants; then
+  :
+elif python -c "import gym_microrts" 2>/dev/null && { command -v java >/dev/null || [ -n "${JAVA_HOME:-}" ]; }; then
+  check ppo_multidiscrete python "$ROOT/ppo_multidiscrete.py" --cuda --total-timesteps 2048
+  check ppo_multidiscrete_mask python "$ROOT/ppo_multidiscrete_mask.py" --cuda --total-timesteps 2048
+else
+  echo "skip ppo_multidiscrete, ppo_multidiscrete_mask: gym-microrts or Java not installed (bash tools/install_microrts.sh)"
+fi
+if part torchrun; then
+  check torchrun_nccl torchrun --standalone --nproc_per_node 1 "$ROOT/ppo_atari_multigpu.py" --cuda --total-timesteps 2048
+  if ! grep -q "rank 0: parameters bit-identical on all 1 ranks" "$OUT/torchrun_nccl.log"; then
+    echo "FAIL torchrun_nccl: no process group was made (see $OUT/torchrun_nccl.log)"
+    exit 1
+  fi
+fi
+if ! part pong; then
+  echo "gpu_check: done in $SECONDS s"
+  exit 0
+fi
+
+# Pong: the blog's settings; stopped when the mean of the last 20 games reaches the target, or at the time limit
+left=$((LIMIT_SECONDS - SECONDS - 15))
+if [ "$left" -lt 30 ]; then
+  echo "FAIL pong: only $left s left of $LIMIT_SECONDS for Pong"
+  exit 1
+fi
+# the run's own TensorBoard events are read every few seconds: the wall time (since the run's first event) and step of
+# the first game at which the mean of the last 20 games reached the target; then a clean stop (SIGINT)
+python - "$OUT" "$PONG_TARGET" "$left" "$ROOT/ppo_atari_envpool.py" <<'EOF'
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+out, target, left, script = Path(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3]), sys.argv[4]
+flags = ["--clip-coef", "0.2", "--num-envs", "16", "--num-minibatches", "8", "--num-steps", "128", "--update-epochs", "3"]
+cmd = [sys.executable, script, "--cuda", "--env-id", "PongNoFrameskip-v4", *flags, "--total-timesteps", "10000000"]
+with open(out / "pong.log", "w") as log:
+    run = subprocess.Popen([*cmd, "--exp-name", "pong_gpu_check"], cwd=out, stdout=log, stderr=subprocess.STDOUT)
+deadline, reached, games = time.time() + left, None, []
+while reached is None and run.poll() is None and time.time() < deadline:
+    time.sleep(5)
+    for events in out.glob("runs/PongNoFrameskip-v4__pong_gpu_check__*"):
+        acc = EventAccumulator(str(events), size_guidance={"scalars": 0})
+        acc.Reload()
+        if "charts/episodic_return" not in acc.Tags()["scalars"]:
+            continue
+        first, games = acc.FirstEventTimestamp(), acc.Scalars("charts/episodic_return")
+        means = [np.mean([g.value for g in games[i - 19 : i + 1]]) for i in range(19, len(games))]
+        hits = [i for i, m in enumerate(means) if m >= target]
+        if hits:
+            g = games[hits[0] + 19]
+            reached = (means[hits[0]], g.wall_time - first, g.step, hits[0] + 20)
+if run.poll() is None:
+    run.send_signal(signal.SIGINT)  # logs closed, a checkpoint written
+    run.wait()
+if reached:
+    mean, seconds, step, game = reached
+    print(f"ok   pong: the mean of the last 20 games reached {mean:.2f} after {seconds:.0f} s (step {step}, game {game})")
+    sys.exit(0)
+print(f"FAIL pong: the mean of the last 20 games did not reach {target} in {left:.0f} s ({len(games)} games; {out}/pong.log)")
+sys.exit(1)
+EOF
+echo "gpu_check: done in $SECONDS s"
