@@ -433,6 +433,31 @@ def args_from_checkpoint(checkpoint):
     return Args(**{k: v for k, v in checkpoint["args"].items() if k in Args.__dataclass_fields__})
 
 
+# with --resume, these flags apply when given; any other flag must keep the run's value (it would change what is learned)
+RESUME_MAY_CHANGE = ["cuda", "torch_threads", "channels_last", "track", "wandb_project_name", "wandb_entity"]
+RESUME_MAY_CHANGE += ["capture_video", "save_model", "save_every", "resume", "total_timesteps"]
+
+
+def resume_args(cli, checkpoint, argv):
+    """The run's settings and the RESUME_MAY_CHANGE flags given in `argv`; (args, None) or (args, a one-line error)."""
+    args = args_from_checkpoint(checkpoint)
+    given = {a.split("=")[0][2:].replace("-", "_") for a in argv if a.startswith("--")}
+    given = {f if f in Args.__dataclass_fields__ else f.removeprefix("no_") for f in given} & Args.__dataclass_fields__.keys()
+    changed = [f for f in sorted(given - set(RESUME_MAY_CHANGE)) if getattr(cli, f) != getattr(args, f)]
+    if changed:
+        said = ", ".join(f"--{f.replace('_', '-')} {getattr(cli, f)} (the run's: {getattr(args, f)})" for f in changed)
+        return args, f"{said}: a resumed run keeps the settings it learned with; drop them, or start a new run"
+    for field in given & set(RESUME_MAY_CHANGE):
+        setattr(args, field, getattr(cli, field))
+    args.resume = cli.resume
+    if args.total_timesteps < checkpoint["global_step"]:
+        return (
+            args,
+            f"--total-timesteps {args.total_timesteps} is below the {checkpoint['global_step']} steps the run has done",
+        )
+    return args, None
+
+
 class StopRequest:
     """Ctrl-C or SIGTERM asks the loop to stop at the next safe point; a second signal stops at once."""
 
@@ -478,14 +503,18 @@ if __name__ == "__main__":
         print(f"eval: {len(returns)} episodes, mean return {np.mean(returns):.2f} +- {np.std(returns):.2f}")
         sys.exit(0)
     checkpoint = None
-    if args.resume:  # the run continues with its own settings; only --resume and --cuda are taken from the command line
+    if args.resume:  # the run continues with its own settings, but for RESUME_MAY_CHANGE (a larger total extends it)
         checkpoint = load_checkpoint(args.resume)
-        resume, cuda, args = args.resume, args.cuda, args_from_checkpoint(checkpoint)
-        args.resume, args.cuda = resume, cuda
+        args, error = resume_args(args, checkpoint, sys.argv[1:])
+        if error:
+            sys.exit(f"error: {error}")
     error = check_args(args)
     if error:
         sys.exit(f"error: {error}")
     run_name = checkpoint["run_name"] if checkpoint else f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
+    if checkpoint and checkpoint["iteration"] >= args.num_iterations:
+        print(f"{run_name} is complete ({checkpoint['global_step']} steps); a larger --total-timesteps extends it")
+        sys.exit(0)
 
     # TRY NOT TO MODIFY: seeding
     random.seed(args.seed)

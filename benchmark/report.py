@@ -1,6 +1,7 @@
 """Reproduction report from TensorBoard event files: learning curves and a table next to the published numbers.
 
     python benchmark/report.py runs/ --out report/
+    python benchmark/report.py runs/ --out docs/results/ --per 100000   # the committed results (README's Results)
 
 Reads every run directory under the given folder(s) (names `{env_id}__{exp_name}__{seed}__{timestamp}`; an env id
 with a namespace such as ALE/Pong-v5 makes a nested folder), groups the runs by env and script (exp_name), and
@@ -85,6 +86,17 @@ def last_mean(run, last=100):
     """Mean of the run's last `last` episodic returns (NaN without episodes)."""
     values = [v for _, _, v in run.returns[-last:]]
     return float(np.mean(values)) if values else math.nan
+
+
+def window_means(run, per):
+    """Mean episodic return of the episodes that ended in each window of `per` steps, up to the run's last step."""
+    count = max(1, -(-run.last_step // per))
+    sums, counts = np.zeros(count), np.zeros(count)
+    for step, _, value in run.returns:
+        k = min(max(step - 1, 0) // per, count - 1)
+        sums[k], counts[k] = sums[k] + value, counts[k] + 1
+    with np.errstate(invalid="ignore"):
+        return list(sums / counts)  # NaN in a window without a finished episode
 
 
 def trailing_mean(values, window):
@@ -249,7 +261,20 @@ def plot_env(env, groups, refs_by_script, out_path, window):
     plt.close(fig)
 
 
-def write_readme(rows, out, images, notes, last):
+def window_table(groups, per):
+    """Markdown lines: per run, the mean return of the episodes that ended in each window of `per` steps."""
+    runs = [r for _, rs in sorted(groups.items()) for r in rs]
+    width = max(len(window_means(r, per)) for r in runs)
+    heads = [f"{_steps(k * per)}–{_steps((k + 1) * per)}" for k in range(width)]
+    lines = ["| env | script | seed | " + " | ".join(heads) + " |", "|---|---|---|" + "---|" * width]
+    for r in runs:
+        means = window_means(r, per)
+        cells = [_fmt(v) if not math.isnan(v) else "—" for v in means] + [""] * (width - len(means))
+        lines.append(f"| {r.env} | {r.exp}.py | {r.seed} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def write_readme(rows, out, images, notes, last, per_table=None):
     lines = [
         "# Reproduction report",
         "",
@@ -298,6 +323,9 @@ def write_readme(rows, out, images, notes, last):
             + ".",
             "",
         ]
+    if per_table:
+        lines += ["## Mean return per window of steps", "", "The episodes that ended in each window; — : none did.", ""]
+        lines += per_table + [""]
     lines += ["## Learning curves", ""]
     for env, image in images:
         lines += [f"### {env}", "", f"![{env}]({image})", ""]
@@ -325,9 +353,10 @@ def main(argv=None):
     parser.add_argument("--reference", default=str(HERE / "reference.csv"), help="published numbers (CSV)")
     parser.add_argument("--last", type=int, default=100, help="episodes per seed in the final score (default: 100)")
     parser.add_argument("--window", type=int, default=100, help="trailing-mean window of the curves (default: 100)")
+    parser.add_argument("--per", type=int, default=0, help="also tabulate each run's mean return per this many steps")
     args = parser.parse_args(argv)
-    if args.last < 1 or args.window < 1:
-        print("error: --last and --window must be at least 1", file=sys.stderr)
+    if args.last < 1 or args.window < 1 or args.per < 0:
+        print("error: --last and --window must be at least 1, --per at least 0 (0: no table)", file=sys.stderr)
         return 2
 
     runs, notes = [], []
@@ -376,7 +405,7 @@ def main(argv=None):
         image = f"{slug(env)}.png"
         plot_env(env, by_exp, refs, out / image, args.window)
         images.append((env, image))
-    write_readme(rows, out, images, notes, args.last)
+    write_readme(rows, out, images, notes, args.last, window_table(groups, args.per) if args.per else None)
     write_summary_csv(rows, out)
     print(f"wrote {out / 'README.md'}, {out / 'summary.csv'} and {len(images)} figure(s) from {len(latest)} run(s)")
     return 0

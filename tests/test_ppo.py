@@ -537,3 +537,47 @@ def test_status_line_reaches_a_log_file_while_the_run_goes_on(tmp_path):
         proc.kill()
         proc.wait()
     assert b"training CartPole-v1" in lines and b"| SPS" in lines, lines  # the first iteration's line, run still going
+
+
+def test_resume_extends_a_run_refuses_other_settings_and_knows_when_it_is_done(tmp_path):
+    res = run_script("ppo.py", "--total-timesteps", 2048, "--save-model", cwd=tmp_path)  # 4 iterations of 512 steps
+    assert res.returncode == 0, res.stderr
+    (run_dir,) = run_dirs(tmp_path)
+    ckpt = run_dir / "checkpoint.pt"
+    before = read_scalars(run_dir)["charts/learning_rate"]
+
+    res = run_script("ppo.py", "--resume", ckpt, cwd=tmp_path)  # finished, no new total: says so, does nothing
+    assert res.returncode == 0 and "is complete (2048 steps); a larger --total-timesteps extends it" in res.stdout
+    assert read_scalars(run_dir)["charts/learning_rate"] == before
+
+    res = run_script(
+        "ppo.py", "--resume", ckpt, "--learning-rate", 1e-3, "--gamma=0.9", "--total-timesteps", 4096, cwd=tmp_path
+    )
+    lines = res.stderr.strip().splitlines()
+    assert res.returncode == 1 and len(lines) == 1 and "--gamma 0.9 (the run's: 0.99)" in lines[0], res.stderr
+    assert "--learning-rate 0.001 (the run's: 0.00025)" in lines[0] and "keeps the settings it learned with" in lines[0]
+    res = run_script("ppo.py", "--resume", ckpt, "--no-anneal-lr", cwd=tmp_path)
+    assert res.returncode == 1 and "--anneal-lr False (the run's: True)" in res.stderr
+    res = run_script("ppo.py", "--resume", ckpt, "--total-timesteps", 1024, cwd=tmp_path)
+    assert res.returncode == 1 and "is below the 2048 steps the run has done" in res.stderr
+    assert read_scalars(run_dir)["charts/learning_rate"] == before  # nothing started
+    assert torch.load(ckpt, weights_only=True)["iteration"] == 4
+
+    # a larger total extends the run; the schedule is recomputed over the new total (README: "Interrupting and resuming")
+    res = run_script("ppo.py", "--resume", ckpt, "--total-timesteps", 4096, "--torch-threads", 2, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert "iterations 5..8" in res.stdout
+    lrs = read_scalars(run_dir)["charts/learning_rate"]
+    assert lrs[:4] == before and [s for s, _ in lrs] == [512 * k for k in range(1, 9)]
+    np.testing.assert_allclose([v for _, v in lrs[4:]], [2.5e-4 * (1 - (k - 1) / 8) for k in range(5, 9)], rtol=1e-6)
+    saved = torch.load(ckpt, weights_only=True)
+    assert saved["iteration"] == 8 and saved["args"]["total_timesteps"] == 4096 and saved["args"]["torch_threads"] == 2
+
+
+def test_resume_rules_are_the_same_lines_in_every_script():
+    sources = {}
+    for path in sorted(ROOT.glob("ppo*.py")):
+        text = path.read_text()
+        start = text.index("# with --resume, these flags apply when given")
+        sources[path.name] = text[start : text.index("\n\n\n", text.index("def resume_args", start))]
+    assert len(sources) == 9 and len(set(sources.values())) == 1, sorted(sources)

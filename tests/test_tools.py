@@ -362,6 +362,19 @@ def test_report_writes_figures_and_the_table(runs_dir, tmp_path):
     assert tool("benchmark/report.py", tmp_path / "empty_nothing", "--out", out).returncode != 0
 
 
+def test_report_table_of_mean_return_per_window_of_steps(runs_dir, tmp_path):
+    out = tmp_path / "report"
+    assert tool("benchmark/report.py", runs_dir, "--out", out, "--per", 10000).returncode == 0
+    text = (out / "README.md").read_text()
+    assert "| env | script | seed | 0–10k | 10k–20k |" in text
+    for seed in (1, 2, 3):  # episodes i = 0..99 end at steps 100..10,000; i = 100..149 at 10,100..15,000
+        row = next(line for line in text.splitlines() if line.startswith(f"| CartPole-v1 | ppo.py | {seed} |"))
+        assert row.split("|")[4:6] == [f" {49.5 + 10 * seed:.2f} ", f" {124.5 + 10 * seed:.2f} "], row
+    assert tool("benchmark/report.py", runs_dir, "--out", out).returncode == 0
+    assert "Mean return per window" not in (out / "README.md").read_text()  # off by default
+    assert tool("benchmark/report.py", runs_dir, "--out", out, "--per", -1).returncode == 2
+
+
 # ----------------------------------------------------------------------------------------- speed, before/after
 
 
