@@ -96,17 +96,46 @@ class Args:
     """the number of iterations (computed in runtime)"""
 
 
+# the domain of each numeric flag, checked before anything starts: (field, test, what is allowed); NaN fails every test
+FLAG_DOMAINS = [
+    ("seed", lambda v: 0 <= v < 2**32, "an integer in [0, 2**32)"),
+    ("total_timesteps", lambda v: v >= 1, "at least 1"),
+    ("num_envs", lambda v: v >= 1, "at least 1"),
+    ("num_steps", lambda v: v >= 1, "at least 1"),
+    ("num_minibatches", lambda v: v >= 1, "at least 1"),
+    ("update_epochs", lambda v: v >= 1, "at least 1"),
+    ("learning_rate", lambda v: v >= 0, "at least 0"),
+    ("gamma", lambda v: 0 <= v <= 1, "in [0, 1]"),
+    ("gae_lambda", lambda v: 0 <= v <= 1, "in [0, 1]"),
+    ("clip_coef", lambda v: v >= 0, "at least 0"),
+    ("ent_coef", lambda v: v >= 0, "at least 0"),
+    ("vf_coef", lambda v: v >= 0, "at least 0"),
+    ("max_grad_norm", lambda v: v > 0, "above 0"),
+    ("target_kl", lambda v: v is None or v > 0, "above 0 (or left out: no early stopping)"),
+    ("torch_threads", lambda v: v >= 0, "at least 0 (0: torch's default)"),
+    ("save_every", lambda v: v >= 0, "at least 0 (0: a checkpoint only at the end)"),
+    ("eval_episodes", lambda v: v >= 1, "at least 1"),
+    ("max_episode_frames", lambda v: v >= 1, "at least 1 (ppo2: 400000)"),
+    ("frame_stack", lambda v: v >= 1, "at least 1"),
+]
+
+
+def domain_error(args):
+    """A one-line error for the first flag outside its domain (the flag, its value, what is allowed), else None."""
+    for field, ok, allowed in FLAG_DOMAINS:
+        if hasattr(args, field) and not ok(getattr(args, field)):
+            return f"--{field.replace('_', '-')} {getattr(args, field)} is not allowed: it must be {allowed}"
+    return None
+
+
 def check_args(args):
     """Fill the computed fields; return a one-line error for settings that cannot train, else None."""
     args.batch_size = int(args.num_envs * args.num_steps)
     args.minibatch_size = int(args.batch_size // max(args.num_minibatches, 1))
     args.num_iterations = args.total_timesteps // max(args.batch_size, 1)
-    if args.num_envs < 1 or args.num_steps < 1 or args.num_minibatches < 1 or args.update_epochs < 1:
-        return "--num-envs, --num-steps, --num-minibatches and --update-epochs must be at least 1"
-    if not (args.learning_rate >= 0 and args.clip_coef >= 0 and args.max_grad_norm > 0):  # NaN fails too
-        return "--learning-rate and --clip-coef must be at least 0, and --max-grad-norm above 0"
-    if not (0 <= args.gamma <= 1 and 0 <= args.gae_lambda <= 1):
-        return f"--gamma ({args.gamma}) and --gae-lambda ({args.gae_lambda}) must lie in [0, 1]"
+    error = domain_error(args)
+    if error:
+        return error
     if args.batch_size % args.num_minibatches != 0:
         return (
             f"--num-minibatches {args.num_minibatches} does not divide the batch of {args.batch_size} "

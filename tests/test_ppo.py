@@ -406,11 +406,13 @@ def test_same_seed_same_losses(tmp_path):
         (["--eval-checkpoint", "corrupt.pt"], "cannot load checkpoint 'corrupt.pt'"),
         (["--resume", "notackpt.pt"], "is not a checkpoint written by this project's scripts"),
         (["--eval-checkpoint", "corrupt.pt", "--eval-episodes", "0"], "evaluate at least 1 episode"),
-        (["--learning-rate", "-1"], "--learning-rate and --clip-coef must be at least 0"),
-        (["--max-grad-norm", "-0.5"], "--max-grad-norm above 0"),
-        (["--max-grad-norm", "nan"], "--max-grad-norm above 0"),
-        (["--learning-rate", "nan"], "--learning-rate and --clip-coef must be at least 0"),
-        (["--gamma", "1.5"], "must lie in [0, 1]"),
+        (["--learning-rate", "-1"], "--learning-rate -1.0 is not allowed: it must be at least 0"),
+        (["--max-grad-norm", "-0.5"], "--max-grad-norm -0.5 is not allowed: it must be above 0"),
+        (["--max-grad-norm", "nan"], "--max-grad-norm nan is not allowed: it must be above 0"),
+        (["--learning-rate", "nan"], "--learning-rate nan is not allowed"),
+        (["--gamma", "1.5"], "--gamma 1.5 is not allowed: it must be in [0, 1]"),
+        (["--save-every", "-5"], "--save-every -5 is not allowed: it must be at least 0"),
+        (["--seed", "-1"], "--seed -1 is not allowed"),
     ],
 )
 def test_bad_input_one_clear_line(args, message, tmp_path):
@@ -581,3 +583,35 @@ def test_resume_rules_are_the_same_lines_in_every_script():
         start = text.index("# with --resume, these flags apply when given")
         sources[path.name] = text[start : text.index("\n\n\n", text.index("def resume_args", start))]
     assert len(sources) == 9 and len(set(sources.values())) == 1, sorted(sources)
+
+
+BAD_VALUES = {  # a value outside each numeric flag's domain (the code would fail on it, or silently reinterpret it)
+    "seed": -1, "total_timesteps": 0, "num_envs": 0, "num_steps": -3, "num_minibatches": 0, "update_epochs": 0,
+    "learning_rate": float("nan"), "gamma": 1.01, "gae_lambda": -0.1, "clip_coef": -0.2, "ent_coef": -0.01,
+    "vf_coef": float("nan"), "max_grad_norm": 0.0, "target_kl": -0.01, "torch_threads": -1, "save_every": -50,
+    "eval_episodes": 0, "max_episode_frames": 0, "frame_stack": 0,
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("script", sorted(p.name for p in ROOT.glob("ppo*.py")))
+def test_every_numeric_flag_outside_its_domain_is_refused_in_one_line(script):
+    module = load_script(script)
+    fields = [f for f in BAD_VALUES if f in module.Args.__dataclass_fields__]
+    numeric = [f for f, t in module.Args.__annotations__.items() if t in (int, float, float | None)]
+    computed = {"batch_size", "minibatch_size", "num_iterations"}
+    assert set(numeric) - computed == set(fields), script  # every numeric flag of the script has a domain here
+    for field in fields:
+        error = module.check_args(module.Args(**{field: BAD_VALUES[field]}))
+        flag = "--" + field.replace("_", "-")
+        assert error and error.startswith(f"{flag} {BAD_VALUES[field]} is not allowed: it must be "), (script, error)
+        assert "\n" not in error
+    assert module.domain_error(module.Args()) is None  # the defaults are inside
+
+
+def test_flag_domains_are_the_same_lines_in_every_script():
+    sources = set()
+    for path in ROOT.glob("ppo*.py"):
+        text = path.read_text()
+        start = text.index("# the domain of each numeric flag")
+        sources.add(text[start : text.index("\n\n\ndef check_args", start)])
+    assert len(sources) == 1
