@@ -1,9 +1,12 @@
 # Recurrent PPO on Atari (ppo2's cnn_lstm): Nature-CNN -> LSTM(128) -> heads, the 5 LSTM details. Parent: ppo_atari.py.
+import importlib.util
+import netrc
 import os
 import random
 import signal
 import sys
 import time
+import urllib.parse
 from dataclasses import asdict, dataclass
 
 import ale_py
@@ -134,12 +137,29 @@ def domain_error(args):
     return None
 
 
+def missing_piece_error(args):
+    """A one-line error naming what to install or set for an optional piece the flags ask for, else None."""
+    if args.capture_video and importlib.util.find_spec("moviepy") is None:
+        return "--capture-video needs moviepy to encode the videos: pip install moviepy==2.2.1 (as in requirements.txt)"
+    if args.track and os.environ.get("WANDB_MODE", "").lower() not in ("offline", "disabled", "dryrun"):
+        if importlib.util.find_spec("wandb") is None:
+            return "--track needs wandb: pip install wandb==0.31.0 (as in requirements.txt)"
+        host = urllib.parse.urlparse(os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")).hostname
+        try:
+            logged_in = netrc.netrc(os.environ.get("NETRC")).authenticators(host) is not None
+        except (OSError, netrc.NetrcParseError):
+            logged_in = False
+        if not (os.environ.get("WANDB_API_KEY") or logged_in):
+            return "--track needs wandb credentials: run `wandb login` or set WANDB_API_KEY; or set WANDB_MODE=offline"
+    return None
+
+
 def check_args(args):
     """Fill the computed fields; return a one-line error for settings that cannot train, else None."""
     args.batch_size = int(args.num_envs * args.num_steps)
     args.minibatch_size = int(args.batch_size // max(args.num_minibatches, 1))
     args.num_iterations = args.total_timesteps // max(args.batch_size, 1)
-    error = domain_error(args)
+    error = domain_error(args) or missing_piece_error(args)
     if error:
         return error
     if args.num_envs % args.num_minibatches != 0:
@@ -593,7 +613,10 @@ if __name__ == "__main__":
         torch.set_num_threads(args.torch_threads)  # speed: tiny matmuls lose more to thread hand-offs than they gain
 
     # env setup
-    envs = make_envs(args, run_name)
+    try:
+        envs = make_envs(args, run_name)
+    except gym.error.DependencyNotInstalled as e:  # e.g. Box2D for LunarLander: gymnasium's message says what to install
+        sys.exit(f"error: {args.env_id} needs a package that is not installed: {str(e).strip().splitlines()[0]}")
     error = check_env(envs)
     if error:
         envs.close()

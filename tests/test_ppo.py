@@ -615,3 +615,49 @@ def test_flag_domains_are_the_same_lines_in_every_script():
         start = text.index("# the domain of each numeric flag")
         sources.add(text[start : text.index("\n\n\ndef check_args", start)])
     assert len(sources) == 1
+
+
+def run_without(tmp_path, *args, drop=(), extra=None):
+    """Run ppo.py in tmp_path with the environment variables `drop` removed (run_script sets WANDB_MODE=offline)."""
+    env = {k: v for k, v in os.environ.items() if k not in drop}
+    env.update(extra or {})
+    cmd = [sys.executable, str(ROOT / "ppo.py"), *map(str, args)]
+    return subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=120, env=env)
+
+
+def test_env_whose_optional_dependency_is_missing_is_named_in_one_line(tmp_path):
+    fake = tmp_path / "fake"
+    fake.mkdir()
+    (fake / "Box2D.py").write_text("raise ImportError('simulated: Box2D is absent')\n")  # absent even where installed
+    res = run_without(tmp_path, "--env-id", "LunarLander-v3", extra={"PYTHONPATH": str(fake)})
+    lines = res.stderr.strip().splitlines()
+    assert res.returncode == 1 and len(lines) == 1, res.stderr
+    assert lines[0].startswith("error: LunarLander-v3 needs a package that is not installed") and "box2d" in lines[0]
+    assert not (tmp_path / "runs").exists()
+
+
+def test_track_without_wandb_credentials_says_what_to_set(tmp_path, ppo, monkeypatch):
+    drop = ("WANDB_MODE", "WANDB_API_KEY", "NETRC")
+    res = run_without(tmp_path, "--track", drop=drop, extra={"HOME": str(tmp_path)})  # no ~/.netrc: never logged in
+    lines = res.stderr.strip().splitlines()
+    assert res.returncode == 1 and len(lines) == 1 and "wandb login" in lines[0] and "WANDB_MODE=offline" in lines[0]
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "wandb").exists()
+    for name in drop:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert "credentials" in ppo.missing_piece_error(ppo.Args(track=True))
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    assert ppo.missing_piece_error(ppo.Args(track=True)) is None
+    monkeypatch.delenv("WANDB_MODE")
+    (tmp_path / ".netrc").write_text("machine api.wandb.ai\n  login user\n  password secret\n")
+    (tmp_path / ".netrc").chmod(0o600)
+    assert ppo.missing_piece_error(ppo.Args(track=True)) is None  # `wandb login` writes this
+
+
+def test_missing_video_encoder_or_wandb_is_named(ppo, monkeypatch):
+    real = ppo.importlib.util.find_spec
+    monkeypatch.setattr(ppo.importlib.util, "find_spec", lambda name, *a: None if name in ("moviepy", "wandb") else real(name))
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    assert "pip install moviepy" in ppo.check_args(ppo.Args(capture_video=True))
+    assert "pip install wandb" in ppo.check_args(ppo.Args(track=True))
+    assert ppo.check_args(ppo.Args()) is None
