@@ -2,9 +2,11 @@
 import importlib.util
 import netrc
 import os
+import pickle
 import random
 import signal
 import sys
+import tempfile
 import time
 import urllib.parse
 from dataclasses import asdict, dataclass
@@ -355,19 +357,33 @@ def save_checkpoint(path, agent, optimizer, args, run_name, iteration, rng, wand
         "wandb_id": wandb_id,
     }
     tmp_path = f"{path}.tmp{os.getpid()}"
-    torch.save(checkpoint, tmp_path)
-    os.replace(tmp_path, path)
+    try:  # a kill during the write leaves the previous checkpoint whole; a full disk or read-only folder: one line
+        torch.save(checkpoint, tmp_path)
+        os.replace(tmp_path, path)
+    except (OSError, RuntimeError) as e:  # torch reports a failed write as RuntimeError
+        if os.path.exists(tmp_path):
+            os.remove(tmp_path)
+        reason = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        print(f"error: cannot write the checkpoint {path} ({reason}); the previous one is kept", file=sys.stderr, flush=True)
 
 
 def load_checkpoint(path):
     """Load a checkpoint as tensors and plain types only (no code can run); exit with one line if unusable."""
+    if os.path.isdir(path):
+        sys.exit(f"error: checkpoint '{path}' is a directory; give the file, e.g. runs/<run_name>/checkpoint.pt")
     if not os.path.isfile(path):
         sys.exit(f"error: checkpoint '{path}' does not exist")
+    if not os.access(path, os.R_OK):
+        sys.exit(f"error: checkpoint '{path}' cannot be read (permission denied)")
+    if os.path.getsize(path) == 0:
+        sys.exit(f"error: checkpoint '{path}' is empty (0 bytes): not a checkpoint")
     try:
         checkpoint = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:  # any failure to unpickle means the file is unusable
+    except Exception as e:  # weights_only refused what it holds, or the file is not a torch file, or cut short
         reason = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        sys.exit(f"error: cannot load checkpoint '{path}': corrupt, or holds more than tensors and plain types ({reason})")
+        if isinstance(e, pickle.UnpicklingError) and "Weights only load failed" in str(e):
+            sys.exit(f"error: cannot load checkpoint '{path}': it holds more than tensors and plain types, refused")
+        sys.exit(f"error: cannot load checkpoint '{path}': truncated or corrupt ({reason})")
     needed = {"script", "model", "optimizer", "args", "run_name", "iteration", "global_step", "rng"}
     if not isinstance(checkpoint, dict) or not needed <= checkpoint.keys():
         sys.exit(f"error: '{path}' is not a checkpoint written by this project's scripts")
@@ -493,6 +509,13 @@ if __name__ == "__main__":
         start_iteration, wandb_id = checkpoint["iteration"] + 1, checkpoint["wandb_id"]
         set_rng_states(checkpoint["rng"])
     global_step = (start_iteration - 1) * args.batch_size
+    try:  # the run directory must be writable before anything is trained
+        os.makedirs(f"runs/{run_name}", exist_ok=True)
+        with tempfile.TemporaryFile(dir=f"runs/{run_name}"):
+            pass
+    except OSError as e:
+        envs.close()
+        sys.exit(f"error: cannot write the run directory runs/{run_name} ({e.strerror or e}); run from a writable folder")
 
     if args.track:
         import wandb

@@ -661,3 +661,91 @@ def test_missing_video_encoder_or_wandb_is_named(ppo, monkeypatch):
     assert "pip install moviepy" in ppo.check_args(ppo.Args(capture_video=True))
     assert "pip install wandb" in ppo.check_args(ppo.Args(track=True))
     assert ppo.check_args(ppo.Args()) is None
+
+
+def small_checkpoint(ppo, path, iteration):
+    envs = cartpole_envs(ppo)
+    agent = ppo.Agent(envs)
+    envs.close()
+    args = small_args(ppo)
+    ppo.save_checkpoint(str(path), agent, ppo.make_optimizer(agent, args), args, "run", iteration, ppo.rng_states())
+
+
+def exit_message(fn, *args):
+    with pytest.raises(SystemExit) as e:
+        fn(*args)
+    return str(e.value.code)
+
+
+def test_checkpoint_paths_each_get_their_own_message(ppo, tmp_path, monkeypatch):
+    good = tmp_path / "good.pt"
+    small_checkpoint(ppo, good, 3)
+    assert ppo.load_checkpoint(str(good))["iteration"] == 3
+    (tmp_path / "folder").mkdir()
+    assert "is a directory; give the file" in exit_message(ppo.load_checkpoint, str(tmp_path / "folder"))
+    (tmp_path / "empty.pt").write_bytes(b"")
+    assert "is empty (0 bytes)" in exit_message(ppo.load_checkpoint, str(tmp_path / "empty.pt"))
+    (tmp_path / "cut.pt").write_bytes(good.read_bytes()[:2000])
+    assert "truncated or corrupt" in exit_message(ppo.load_checkpoint, str(tmp_path / "cut.pt"))
+    assert "does not exist" in exit_message(ppo.load_checkpoint, str(tmp_path / "nothing.pt"))
+    other = torch.load(good, weights_only=True) | {"script": "ppo_atari.py"}
+    torch.save(other, tmp_path / "atari.pt")
+    assert "written by ppo_atari.py; load it with that script" in exit_message(ppo.load_checkpoint, str(tmp_path / "atari.pt"))
+    monkeypatch.setattr(ppo.os, "access", lambda path, mode: False)  # unreadable (root reads any file: simulated)
+    assert "cannot be read (permission denied)" in exit_message(ppo.load_checkpoint, str(good))
+
+
+def test_a_run_directory_that_cannot_be_written_is_refused_before_training(tmp_path):
+    (tmp_path / "runs").write_text("a file where the runs folder should be\n")
+    res = run_script("ppo.py", "--total-timesteps", 1024, cwd=tmp_path)
+    lines = res.stderr.strip().splitlines()
+    assert res.returncode == 1 and len(lines) == 1, res.stderr
+    assert lines[0].startswith("error: cannot write the run directory runs/CartPole-v1__ppo__1__")
+    assert "step " not in res.stdout
+
+
+KILL_DURING_WRITE = """
+import os, signal, sys
+sys.path.insert(0, sys.argv[2])
+from conftest import load_script
+from test_ppo import small_checkpoint
+ppo = load_script("ppo.py")
+save = ppo.torch.save
+def dying_save(obj, path):  # half the bytes on disk, then SIGKILL: no Python cleanup can run
+    save(obj, path)
+    with open(path, "r+b") as f:
+        f.truncate(os.path.getsize(path) // 2)
+    os.kill(os.getpid(), signal.SIGKILL)
+ppo.torch.save = dying_save
+small_checkpoint(ppo, sys.argv[1], 7)
+"""
+
+
+def test_sigkill_while_writing_a_checkpoint_keeps_the_previous_one(ppo, tmp_path):
+    path = tmp_path / "checkpoint.pt"
+    small_checkpoint(ppo, path, 6)
+    res = subprocess.run([sys.executable, "-c", KILL_DURING_WRITE, str(path), str(ROOT / "tests")], capture_output=True)
+    assert res.returncode == -signal.SIGKILL, res.stderr
+    assert list(tmp_path.glob("checkpoint.pt.tmp*"))  # the write was cut short...
+    assert ppo.load_checkpoint(str(path))["iteration"] == 6  # ...and the previous checkpoint is whole
+
+
+@pytest.mark.parametrize("errno, text", [(28, "No space left on device"), (30, "Read-only file system")])
+def test_full_disk_or_read_only_at_checkpoint_time_gives_one_line_and_keeps_the_previous(
+    ppo, tmp_path, monkeypatch, capsys, errno, text
+):
+    path = tmp_path / "checkpoint.pt"
+    small_checkpoint(ppo, path, 6)
+    capsys.readouterr()
+
+    def failing_save(obj, target):
+        with open(target, "wb") as f:
+            f.write(b"partial")
+        raise OSError(errno, text)
+
+    monkeypatch.setattr(ppo.torch, "save", failing_save)
+    small_checkpoint(ppo, path, 7)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"error: cannot write the checkpoint {path} ([Errno {errno}] {text}); the previous one is kept"]
+    monkeypatch.undo()
+    assert ppo.load_checkpoint(str(path))["iteration"] == 6 and not list(tmp_path.glob("*.tmp*"))
