@@ -157,9 +157,13 @@ def missing_piece_error(args):
 
 def check_args(args):
     """Fill the computed fields; return a one-line error for settings that cannot train, else None."""
-    args.batch_size = int(args.num_envs * args.num_steps)
-    args.minibatch_size = int(args.batch_size // max(args.num_minibatches, 1))
-    args.num_iterations = args.total_timesteps // max(args.batch_size, 1)
+    batch_size = int(args.num_envs * args.num_steps)
+    computed = {"batch_size": batch_size, "minibatch_size": int(batch_size // max(args.num_minibatches, 1))}
+    computed["num_iterations"] = args.total_timesteps // max(batch_size, 1)
+    for field, value in computed.items():
+        if getattr(args, field) not in (0, value):  # given on the command line: it would be silently overwritten
+            return f"--{field.replace('_', '-')} is computed from the other flags ({value} here), not set; drop it"
+        setattr(args, field, value)
     error = domain_error(args) or missing_piece_error(args)
     if error:
         return error
@@ -514,7 +518,7 @@ def resume_args(cli, checkpoint, argv):
         return args, f"{said}: a resumed run keeps the settings it learned with; drop them, or start a new run"
     for field in given & set(RESUME_MAY_CHANGE):
         setattr(args, field, getattr(cli, field))
-    args.resume = cli.resume
+    args.resume, args.batch_size, args.minibatch_size, args.num_iterations = cli.resume, 0, 0, 0  # computed again
     if args.total_timesteps < checkpoint["global_step"]:
         return (
             args,

@@ -606,6 +606,11 @@ def test_every_numeric_flag_outside_its_domain_is_refused_in_one_line(script):
         assert error and error.startswith(f"{flag} {BAD_VALUES[field]} is not allowed: it must be "), (script, error)
         assert "\n" not in error
     assert module.domain_error(module.Args()) is None  # the defaults are inside
+    for field in ["batch_size", "minibatch_size", "num_iterations"]:  # computed: a given value would be overwritten
+        error = module.check_args(module.Args(**{field: 7}))
+        assert error.startswith(f"--{field.replace('_', '-')} is computed from the other flags"), (script, error)
+    args = module.Args()
+    assert module.check_args(args) is None and module.check_args(args) is None  # filled in once, checked again: fine
 
 
 def test_flag_domains_are_the_same_lines_in_every_script():
