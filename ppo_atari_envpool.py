@@ -12,7 +12,6 @@ import urllib.parse
 from dataclasses import asdict, dataclass
 
 import ale_py
-import envpool
 import gymnasium as gym
 import numpy as np
 import torch
@@ -20,6 +19,11 @@ import torch.nn as nn
 import torch.optim as optim
 import tyro
 from torch.utils.tensorboard import SummaryWriter
+
+try:
+    import envpool
+except ImportError:  # named in one line by check_args
+    envpool = None
 
 gym.register_envs(ale_py)
 
@@ -187,6 +191,8 @@ def check_args(args):
     atari = args.env_id.endswith("NoFrameskip-v4") or (args.env_id.startswith("ALE/") and args.env_id.endswith("-v5"))
     if not atari or gym.spec(args.env_id).entry_point != "ale_py.env:AtariEnv":
         return f"{os.path.basename(__file__)} needs an Atari id, <Game>NoFrameskip-v4 or ALE/<Game>-v5, not '{args.env_id}'"
+    if envpool is None:
+        return f"{os.path.basename(__file__)} needs envpool: pip install envpool==1.2.5 (as in requirements.txt)"
     if envpool_task(args.env_id) not in envpool.list_all_envs():
         return f"envpool has no {envpool_task(args.env_id)} for '{args.env_id}'; run it with ppo_atari.py"
     if args.capture_video:

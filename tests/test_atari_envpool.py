@@ -221,3 +221,15 @@ def test_smoke_run_checkpoint_eval(tmp_path):
 def test_diff_from_ppo_atari():
     n = changed_lines("ppo_atari.py", "ppo_atari_envpool.py")
     assert 50 < n < 200, n
+
+
+def test_without_envpool_one_line_says_what_to_install(tmp_path):
+    fake = tmp_path / "fake"
+    fake.mkdir()
+    (fake / "envpool.py").write_text("raise ImportError('simulated: envpool is absent')\n")
+    res = run_script("ppo_atari_envpool.py", cwd=tmp_path, env={**FAST, "PYTHONPATH": str(fake)})
+    lines = res.stderr.strip().splitlines()
+    assert res.returncode == 1 and lines == [
+        "error: ppo_atari_envpool.py needs envpool: pip install envpool==1.2.5 (as in requirements.txt)"
+    ]
+    assert not (tmp_path / "runs").exists()
