@@ -30,7 +30,7 @@ BUDGETS = {
     # (230 until the parents wrote their Categorical out, issue 9; 235 until issue 14 gave the parent a frame limit, +9,
     # and had the log-probs count only the cells the env executes, +20)
     "ppo_multidiscrete_mask.py": 60,
-    "ppo_atari_envpool.py": 235,  # 151 as ale-py's vector env; envpool with ppo2's game (issue 14) 221, +5 envpool named if absent
+    "ppo_atari_envpool.py": 235,  # 151 as ale-py's vector env; envpool with ppo2's game (issue 14) 221; +5: no envpool
     "ppo_atari_multigpu.py": 120,  # measured 115 when written
 }
 
