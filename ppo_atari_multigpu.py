@@ -670,9 +670,9 @@ if __name__ == "__main__":
         if world_size > 1:  # the checkpoint holds rank 0's generators: each rank draws its own stream again
             torch.manual_seed(int(torch.randint(2**31 - 1, ())) + rank)
     global_step = (start_iteration - 1) * args.batch_size
-    try:  # the run directory must be writable before anything is trained
-        os.makedirs(f"runs/{run_name}", exist_ok=True)
-        with tempfile.TemporaryFile(dir=f"runs/{run_name}"):
+    try:  # the run directory must be writable before anything is trained (rank 0's: the others write nothing)
+        os.makedirs(f"runs/{run_name}" if rank == 0 else "runs", exist_ok=True)
+        with tempfile.TemporaryFile(dir=f"runs/{run_name}" if rank == 0 else "runs"):
             pass
     except OSError as e:
         envs.close()
@@ -850,6 +850,8 @@ if __name__ == "__main__":
         print(f"rank {rank}: parameters bit-identical on all {world_size} ranks", flush=True)
     envs.close()
     writer.close()
+    if dist.is_initialized():  # gloo's and nccl's threads end before the interpreter does
+        dist.destroy_process_group()
     exit_code = 128 + stop.signum if stop.signum else 0
     if args.track and rank == 0:
         wandb.finish(exit_code=exit_code)
