@@ -754,3 +754,12 @@ def test_full_disk_or_read_only_at_checkpoint_time_gives_one_line_and_keeps_the_
     assert err == [f"error: cannot write the checkpoint {path} ([Errno {errno}] {text}); the previous one is kept"]
     monkeypatch.undo()
     assert ppo.load_checkpoint(str(path))["iteration"] == 6 and not list(tmp_path.glob("*.tmp*"))
+
+
+@pytest.mark.parametrize("script", sorted(p.name for p in ROOT.glob("ppo*.py")))
+def test_a_flag_outside_its_domain_exits_with_one_line_before_anything_starts(script, tmp_path):
+    res = run_script(script, "--save-every", -1, cwd=tmp_path, env={"OMP_NUM_THREADS": "1"})
+    lines = res.stderr.strip().splitlines()
+    assert res.returncode == 1 and len(lines) == 1, res.stderr
+    assert lines[0] == "error: --save-every -1 is not allowed: it must be at least 0 (0: a checkpoint only at the end)"
+    assert not (tmp_path / "runs").exists() and "training" not in res.stdout
