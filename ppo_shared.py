@@ -359,11 +359,13 @@ def save_checkpoint(path, agent, optimizer, args, run_name, iteration, rng, wand
     try:  # a kill during the write leaves the previous checkpoint whole; a full disk or read-only folder: one line
         torch.save(checkpoint, tmp_path)
         os.replace(tmp_path, path)
+        return True
     except (OSError, RuntimeError) as e:  # torch reports a failed write as RuntimeError
         if os.path.exists(tmp_path):
             os.remove(tmp_path)
         reason = (str(e).strip().splitlines() or [type(e).__name__])[0]
         print(f"error: cannot write the checkpoint {path} ({reason}); the previous one is kept", file=sys.stderr, flush=True)
+        return False
 
 
 def load_checkpoint(path):
@@ -675,9 +677,9 @@ if __name__ == "__main__":
     if stop.signum and rng_at_start is not None and completed >= start_iteration:
         # no lost work: the state after the last completed iteration
         rng = rng_states() if completed == iteration else rng_at_start
-        save_checkpoint(checkpoint_path, agent, optimizer, args, run_name, completed, rng, wandb_id)
-        print(f"checkpoint of iteration {completed} (step {completed * args.batch_size}) written to {checkpoint_path}")
-        print(f"continue with: python {os.path.basename(__file__)} --resume {checkpoint_path}")
+        if save_checkpoint(checkpoint_path, agent, optimizer, args, run_name, completed, rng, wandb_id):
+            print(f"checkpoint of iteration {completed} (step {completed * args.batch_size}) written to {checkpoint_path}")
+            print(f"continue with: python {os.path.basename(__file__)} --resume {checkpoint_path}")
 
     envs.close()
     writer.close()

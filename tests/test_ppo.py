@@ -673,7 +673,7 @@ def small_checkpoint(ppo, path, iteration):
     agent = ppo.Agent(envs)
     envs.close()
     args = small_args(ppo)
-    ppo.save_checkpoint(str(path), agent, ppo.make_optimizer(agent, args), args, "run", iteration, ppo.rng_states())
+    return ppo.save_checkpoint(str(path), agent, ppo.make_optimizer(agent, args), args, "run", iteration, ppo.rng_states())
 
 
 def exit_message(fn, *args):
@@ -740,7 +740,7 @@ def test_full_disk_or_read_only_at_checkpoint_time_gives_one_line_and_keeps_the_
     ppo, tmp_path, monkeypatch, capsys, errno, text
 ):
     path = tmp_path / "checkpoint.pt"
-    small_checkpoint(ppo, path, 6)
+    assert small_checkpoint(ppo, path, 6) is True
     capsys.readouterr()
 
     def failing_save(obj, target):
@@ -749,7 +749,7 @@ def test_full_disk_or_read_only_at_checkpoint_time_gives_one_line_and_keeps_the_
         raise OSError(errno, text)
 
     monkeypatch.setattr(ppo.torch, "save", failing_save)
-    small_checkpoint(ppo, path, 7)
+    assert small_checkpoint(ppo, path, 7) is False  # the caller does not claim a checkpoint was written
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"error: cannot write the checkpoint {path} ([Errno {errno}] {text}); the previous one is kept"]
     monkeypatch.undo()
