@@ -2,6 +2,7 @@
 
     python benchmark/report.py runs/ --out report/
     python benchmark/report.py runs/ --out docs/results/ --per 100000   # the committed results (README's Results)
+    python benchmark/report.py docs/results/episodes.csv.gz more_runs/ --out docs/results/ --per 100000  # add runs
 
 Reads every run directory under the given folder(s) (names `{env_id}__{exp_name}__{seed}__{timestamp}`; an env id
 with a namespace such as ALE/Pong-v5 makes a nested folder), groups the runs by env and script (exp_name), and
@@ -12,6 +13,7 @@ published numbers (benchmark/reference.csv) and their ratio, and summary.csv. Ne
 
 import argparse
 import csv
+import gzip
 import math
 import re
 import sys
@@ -63,6 +65,36 @@ def find_runs(root):
         else:
             runs.append(Run(*parsed, path=folder))
     return runs, skipped
+
+
+EPISODE_COLUMNS = ["env", "exp", "seed", "timestamp", "start_time", "last_step", "last_time", "step", "wall_time", "return"]
+
+
+def write_episodes(runs, path):
+    """Every episode of the loaded `runs` as one gzipped CSV: the report can be made again from it (no event files)."""
+    with gzip.open(path, "wt", newline="", encoding="utf-8") as f:
+        w = csv.writer(f)
+        w.writerow(EPISODE_COLUMNS)
+        for r in runs:
+            head = [r.env, r.exp, r.seed, r.timestamp, f"{r.start_time:.3f}", r.last_step, f"{r.last_time:.3f}"]
+            for step, wall, value in r.returns or [(r.last_step, r.last_time, math.nan)]:  # a run without episodes too
+                w.writerow(head + [step, f"{wall:.3f}", repr(value)])
+
+
+def read_episodes(path):
+    """The runs of a CSV written by write_episodes, loaded (returns, times and last step filled in)."""
+    runs = {}
+    with gzip.open(path, "rt", newline="", encoding="utf-8") as f:
+        for row in csv.DictReader(f):
+            key = (row["env"], row["exp"], int(row["seed"]), int(row["timestamp"]))
+            if key not in runs:
+                runs[key] = Run(*key, path=Path(f"{path}#{'__'.join(map(str, key))}"))
+                run = runs[key]
+                run.start_time, run.last_step = float(row["start_time"]), int(row["last_step"])
+                run.last_time = float(row["last_time"])
+            if row["return"] != "nan":
+                runs[key].returns.append((int(row["step"]), float(row["wall_time"]), float(row["return"])))
+    return list(runs.values())
 
 
 def load(run):
@@ -359,10 +391,15 @@ def main(argv=None):
         print("error: --last and --window must be at least 1, --per at least 0 (0: no table)", file=sys.stderr)
         return 2
 
-    runs, notes = [], []
+    runs, notes, loaded = [], [], set()
     for root in args.runs:
+        if Path(root).is_file() and root.endswith(".csv.gz"):  # episodes exported by an earlier report
+            found = read_episodes(root)
+            runs += found
+            loaded.update(id(r) for r in found)
+            continue
         if not Path(root).is_dir():
-            print(f"error: {root} is not a folder", file=sys.stderr)
+            print(f"error: {root} is neither a folder of runs nor an episodes .csv.gz", file=sys.stderr)
             return 2
         found, skipped = find_runs(root)
         runs += found
@@ -379,7 +416,8 @@ def main(argv=None):
     groups = defaultdict(list)
     for run in sorted(latest.values(), key=lambda r: (r.env, r.exp, r.seed)):
         try:
-            load(run)
+            if id(run) not in loaded:
+                load(run)
         except Exception as e:  # a corrupt or unreadable event file: skip the run, say so
             notes.append(f"skipped {run.path}: cannot read its event files ({type(e).__name__}: {e})")
             continue
@@ -407,7 +445,8 @@ def main(argv=None):
         images.append((env, image))
     write_readme(rows, out, images, notes, args.last, window_table(groups, args.per) if args.per else None)
     write_summary_csv(rows, out)
-    print(f"wrote {out / 'README.md'}, {out / 'summary.csv'} and {len(images)} figure(s) from {len(latest)} run(s)")
+    write_episodes([r for rs in groups.values() for r in rs], out / "episodes.csv.gz")
+    print(f"wrote {out / 'README.md'}, summary.csv, episodes.csv.gz and {len(images)} figure(s) from {len(latest)} run(s)")
     return 0
 
 

@@ -362,6 +362,18 @@ def test_report_writes_figures_and_the_table(runs_dir, tmp_path):
     assert tool("benchmark/report.py", tmp_path / "empty_nothing", "--out", out).returncode != 0
 
 
+def test_report_made_again_from_its_episodes_file_is_the_same(runs_dir, tmp_path):
+    """docs/results/ keeps episodes.csv.gz, not the event files: the report must come back identical from it."""
+    first, second = tmp_path / "first", tmp_path / "second"
+    assert tool("benchmark/report.py", runs_dir, "--out", first, "--per", 10000).returncode == 0
+    res = tool("benchmark/report.py", first / "episodes.csv.gz", "--out", second, "--per", 10000)
+    assert res.returncode == 0, res.stderr
+    tables = [[x for x in (d / "README.md").read_text().splitlines() if x.startswith(("|", "!["))] for d in (first, second)]
+    assert tables[0] == tables[1] and len(tables[0]) > 10  # the notes differ: they name the folders skipped first
+    assert (second / "summary.csv").read_text() == (first / "summary.csv").read_text()
+    assert (second / "CartPole-v1.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
 def test_report_table_of_mean_return_per_window_of_steps(runs_dir, tmp_path):
     out = tmp_path / "report"
     assert tool("benchmark/report.py", runs_dir, "--out", out, "--per", 10000).returncode == 0
