@@ -150,7 +150,8 @@ DETAILS = {
     ),
     "multidiscrete-1": (
         "independent action components for MultiDiscrete",
-        "The logits are split into one Categorical per action component; log-probs and entropies are summed.",
+        "The logits are split into one Categorical per action component; log-probs and entropies are summed over the "
+        "components the env executes (MicroRTS: the cells holding a unit that can act).",
     ),
     "aux-1": (
         "clip-range annealing",
