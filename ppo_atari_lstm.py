@@ -94,7 +94,7 @@ class Args:
     max_grad_norm: float = 0.5
     """the maximum norm for the gradient clipping"""
     target_kl: float | None = None
-    """the target KL divergence threshold: stop the update's epochs once a minibatch exceeds it (aux-3)"""
+    """the target KL: the update's remaining epochs are skipped once an epoch's last minibatch exceeds it (aux-3)"""
     frame_stack: int = 1
     """the number of stacked frames (1: the blog's "no frame stack" setting, the LSTM remembers the past)"""
 

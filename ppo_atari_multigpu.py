@@ -97,7 +97,7 @@ class Args:
     max_grad_norm: float = 0.5
     """the maximum norm for the gradient clipping"""
     target_kl: float | None = None
-    """the target KL divergence threshold: stop the update's epochs once a minibatch exceeds it (aux-3)"""
+    """the target KL: the update's remaining epochs are skipped once an epoch's last minibatch exceeds it (aux-3)"""
 
     # to be filled in runtime
     batch_size: int = 0
