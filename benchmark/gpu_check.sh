@@ -95,22 +95,27 @@ cmd = [sys.executable, script, "--cuda", "--env-id", "PongNoFrameskip-v4", *flag
 with open(out / "pong.log", "w") as log:
     run = subprocess.Popen([*cmd, "--exp-name", "pong_gpu_check"], cwd=out, stdout=log, stderr=subprocess.STDOUT)
 deadline, reached, games = time.time() + left, None, []
-while reached is None and run.poll() is None and time.time() < deadline:
-    time.sleep(5)
-    for events in out.glob("runs/PongNoFrameskip-v4__pong_gpu_check__*"):
-        acc = EventAccumulator(str(events), size_guidance={"scalars": 0})
-        acc.Reload()
-        if "charts/episodic_return" not in acc.Tags()["scalars"]:
-            continue
-        first, games = acc.FirstEventTimestamp(), acc.Scalars("charts/episodic_return")
-        means = [np.mean([g.value for g in games[i - 19 : i + 1]]) for i in range(19, len(games))]
-        hits = [i for i, m in enumerate(means) if m >= target]
-        if hits:
-            g = games[hits[0] + 19]
-            reached = (means[hits[0]], g.wall_time - first, g.step, hits[0] + 20)
-if run.poll() is None:
-    run.send_signal(signal.SIGINT)  # logs closed, a checkpoint written
-    run.wait()
+try:
+    while reached is None and run.poll() is None and time.time() < deadline:
+        time.sleep(5)
+        for events in out.glob("runs/PongNoFrameskip-v4__pong_gpu_check__*"):
+            acc = EventAccumulator(str(events), size_guidance={"scalars": 0})
+            acc.Reload()
+            if "charts/episodic_return" not in acc.Tags()["scalars"]:
+                continue
+            first, games = acc.FirstEventTimestamp(), acc.Scalars("charts/episodic_return")
+            means = [np.mean([g.value for g in games[i - 19 : i + 1]]) for i in range(19, len(games))]
+            hits = [i for i, m in enumerate(means) if m >= target]
+            if hits:
+                g = games[hits[0] + 19]
+                reached = (means[hits[0]], g.wall_time - first, g.step, hits[0] + 20)
+finally:  # the run never outlives the check
+    if run.poll() is None:
+        run.send_signal(signal.SIGINT)  # logs closed, a checkpoint written
+        try:
+            run.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            run.kill()
 if reached:
     mean, seconds, step, game = reached
     print(f"ok   pong: the mean of the last 20 games reached {mean:.2f} after {seconds:.0f} s (step {step}, game {game})")
