@@ -444,3 +444,12 @@ def test_gpu_check_pong_monitor_and_torchrun_on_cpu():
     assert "the mean of the last 20 games reached" in line and "game 20)" in line
     res = gpu_check({"GPU_CHECK_EXPECT": "cpu", "GPU_CHECK_PARTS": "pong", "LIMIT_SECONDS": "20"})
     assert res.returncode == 1 and "FAIL pong: only" in res.stdout
+
+
+@pytest.mark.parametrize("doc", ["README.md", "benchmark/RESULTS.md", "docs/results/README.md"])
+def test_relative_links_of_the_docs_point_at_files(doc):
+    text = (ROOT / doc).read_text(encoding="utf-8")
+    links = [m for m in re.findall(r"\]\(([^)\s]+)\)", text) if not m.startswith(("http://", "https://", "#"))]
+    assert links or doc != "README.md"
+    missing = [m for m in links if not ((ROOT / doc).parent / m.split("#")[0]).exists()]
+    assert not missing, missing
