@@ -395,7 +395,13 @@ def main(argv=None):
     runs, notes, loaded = [], [], set()
     for root in args.runs:
         if Path(root).is_file() and root.endswith(".csv.gz"):  # episodes exported by an earlier report
-            found = read_episodes(root)
+            try:
+                found = read_episodes(root)
+            except (OSError, EOFError, KeyError, ValueError, csv.Error) as e:  # not gzip, cut short, other columns
+                print(
+                    f"error: {root} is not an episodes file written by this report ({type(e).__name__}: {e})", file=sys.stderr
+                )
+                return 2
             runs += found
             loaded.update(id(r) for r in found)
             continue

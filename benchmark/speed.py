@@ -142,7 +142,10 @@ def main():
 def script_at(rev, script, folder):
     """Write `script` as it was at git revision `rev` into `folder`; its path as a string (ValueError: one line why)."""
     name = Path(script).name
-    res = subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:{name}"], capture_output=True)
+    try:
+        res = subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:{name}"], capture_output=True)
+    except OSError as e:  # no git on this machine
+        raise ValueError(f"--against {rev}: cannot run git ({e.strerror or e}); install git or drop --against") from e
     if res.returncode != 0:
         reason = (res.stderr.decode(errors="replace").strip().splitlines() or ["git failed"])[0]
         raise ValueError(f"--against {rev}: no {name} at that revision ({reason})")

@@ -368,7 +368,9 @@ def test_diff_from_ppo_under_175_lines():
 def test_episode_frame_limit_defaults_to_ppo2s(script):
     module = load_script(script)
     assert module.Args().max_episode_frames == 400000
-    assert "108000" in (ROOT / script).read_text()  # the other protocol, documented in the flag
+    text = (ROOT / script).read_text()
+    doc = text[text.index("    max_episode_frames: int = 400000\n") :].splitlines()[1]
+    assert "108000" in doc and "ppo2" in doc, doc  # the flag's docstring names both protocols
     for bad in [0, -5]:
         assert "--max-episode-frames" in module.check_args(module.Args(max_episode_frames=bad))
 

@@ -385,6 +385,9 @@ def test_report_table_of_mean_return_per_window_of_steps(runs_dir, tmp_path):
     assert tool("benchmark/report.py", runs_dir, "--out", out).returncode == 0
     assert "Mean return per window" not in (out / "README.md").read_text()  # off by default
     assert tool("benchmark/report.py", runs_dir, "--out", out, "--per", -1).returncode == 2
+    (tmp_path / "bad.csv.gz").write_bytes(b"not gzip")
+    res = tool("benchmark/report.py", tmp_path / "bad.csv.gz", "--out", out)
+    assert res.returncode == 2 and "is not an episodes file" in res.stderr and "Traceback" not in res.stderr
 
 
 # ----------------------------------------------------------------------------------------- speed, before/after
