@@ -63,34 +63,52 @@ class Args:
     """total timesteps of the experiments"""
     max_episode_frames: int = 400000
     """frames after which a game is cut (truncated): 400000 as in ppo2 (gym 0.21); 108000 for the 30-minute protocol"""
+    noop_max: int = 30
+    """the most no-op frames at a game's start, 1 to noop_max drawn at random (atari-1; 0: none)"""
+    episodic_life: bool = True
+    """Toggle ending the learning episode at a life loss, the game going on (atari-3)"""
+    fire_reset: bool = True
+    """Toggle pressing FIRE, then action 2, at reset in games that have FIRE (atari-4)"""
+    clip_reward: bool = True
+    """Toggle learning from the sign of the reward (atari-6; the logged return is the game's either way)"""
+    frame_stack: int = 4
+    """the number of last frames stacked into an observation (atari-7; 1: no stacking)"""
+    orthogonal_init: bool = True
+    """Toggle orthogonal weight init with constant 0 bias (core-2; off: PyTorch's default init of every layer)"""
     learning_rate: float = 2.5e-4
     """the learning rate of the optimizer"""
+    adam_eps: float = 1e-5
+    """the epsilon of Adam (core-3; ppo2: 1e-5, PyTorch's default: 1e-8)"""
     num_envs: int = 8
     """the number of parallel game environments"""
     num_steps: int = 128
     """the number of steps to run in each environment per policy rollout"""
     anneal_lr: bool = True
-    """Toggle learning rate annealing for policy and value networks"""
+    """Toggle learning rate annealing for policy and value networks (core-4)"""
     gamma: float = 0.99
     """the discount factor gamma"""
     gae_lambda: float = 0.95
     """the lambda for the general advantage estimation"""
     num_minibatches: int = 4
     """the number of mini-batches"""
+    shuffle_minibatches: bool = True
+    """Toggle shuffling before each epoch's mini-batches (core-6; off: the same order every epoch)"""
     update_epochs: int = 4
     """the K epochs to update the policy"""
     norm_adv: bool = True
-    """Toggles advantages normalization"""
+    """Toggles advantages normalization (core-7)"""
     clip_coef: float = 0.1
     """the surrogate clipping coefficient"""
     anneal_clip: bool = False
     """Toggle annealing of the clipping coefficient to 0 with the learning-rate schedule (aux-1)"""
     clip_vloss: bool = True
-    """Toggles whether or not to use a clipped loss for the value function, as per the paper."""
+    """Toggles whether or not to use a clipped loss for the value function, as per the paper (core-9)."""
     ent_coef: float = 0.01
-    """coefficient of the entropy"""
+    """coefficient of the entropy (core-10; 0: no entropy bonus)"""
     vf_coef: float = 0.5
     """coefficient of the value function"""
+    clip_grad_norm: bool = True
+    """Toggle global gradient clipping to max_grad_norm (core-11; off: no clipping)"""
     max_grad_norm: float = 0.5
     """the maximum norm for the gradient clipping"""
     target_kl: float | None = None
@@ -120,6 +138,8 @@ FLAG_DOMAINS = [
     ("ent_coef", lambda v: v >= 0, "at least 0"),
     ("vf_coef", lambda v: v >= 0, "at least 0"),
     ("max_grad_norm", lambda v: v > 0, "above 0"),
+    ("adam_eps", lambda v: v > 0, "above 0 (ppo2: 1e-5)"),
+    ("noop_max", lambda v: v >= 0, "at least 0 (0: no no-op frames)"),
     ("target_kl", lambda v: v is None or v > 0, "above 0 (or left out: no early stopping)"),
     ("torch_threads", lambda v: v >= 0, "at least 0 (0: torch's default)"),
     ("save_every", lambda v: v >= 0, "at least 0 (0: a checkpoint only at the end)"),
@@ -272,32 +292,32 @@ class FireResetEnv(gym.Wrapper):
         return obs, info
 
 
-def make_env(env_id, idx, capture_video, run_name, max_episode_frames):
+def make_env(env_id, idx, capture_video, run_name, args):
     def thunk():
         # frameskip=1 as MaxAndSkip skips; ALE/<Game>-v5 keeps its sticky actions (0.25), NoFrameskip-v4 and ppo2 have none
         # game length: ppo2's gym 0.21 cut NoFrameskip-v4 games at 400,000 frames; ale-py registers 108,000
-        kwargs = dict(frameskip=1, obs_type="grayscale", max_num_frames_per_episode=max_episode_frames)
+        kwargs = dict(frameskip=1, obs_type="grayscale", max_num_frames_per_episode=args.max_episode_frames)
         if capture_video and idx == 0:
             env = gym.make(env_id, render_mode="rgb_array", **kwargs)
             env = gym.wrappers.RecordVideo(env, f"videos/{run_name}")
         else:
             env = gym.make(env_id, **kwargs)
         # detail atari-1: NoopReset, 1 to 30 no-op frames at reset
-        env = NoopResetEnv(env, noop_max=30)
+        env = NoopResetEnv(env, noop_max=args.noop_max) if args.noop_max else env
         # detail atari-2: MaxAndSkip, repeat each action 4 frames, observe the max of the last 2
         env = MaxAndSkipEnv(env, skip=4)
         # below EpisodicLife and ClipReward (as baselines' Monitor): logs the real, unclipped, all-lives game return
         env = gym.wrappers.RecordEpisodeStatistics(env)
         # detail atari-3: EpisodicLife, a life loss ends the learning episode, the game goes on
-        env = EpisodicLifeEnv(env)
+        env = EpisodicLifeEnv(env) if args.episodic_life else env
         # detail atari-4: FireReset, press FIRE at reset for games that wait for it
-        env = FireResetEnv(env) if "FIRE" in env.unwrapped.get_action_meanings() else env
+        env = FireResetEnv(env) if args.fire_reset and "FIRE" in env.unwrapped.get_action_meanings() else env
         # detail atari-5: WarpFrame, 84x84 grayscale (ALE's gray screen, resized by area averaging as baselines' cv2)
         env = gym.wrappers.ResizeObservation(env, (84, 84))
         # detail atari-6: ClipReward, the sign of the reward (learning only; the logged return is unclipped)
-        env = gym.wrappers.TransformReward(env, lambda r: float(np.sign(r)))
+        env = gym.wrappers.TransformReward(env, lambda r: float(np.sign(r))) if args.clip_reward else env
         # detail atari-7: FrameStack, the last 4 frames (zeros before an episode's first, as ppo2's VecFrameStack)
-        env = gym.wrappers.FrameStackObservation(env, 4, padding_type="zero")
+        env = gym.wrappers.FrameStackObservation(env, args.frame_stack, padding_type="zero")
         return env
 
     return thunk
@@ -306,10 +326,7 @@ def make_env(env_id, idx, capture_video, run_name, max_episode_frames):
 def make_envs(args, run_name, num_envs=None):
     # detail core-1: vectorized architecture (N envs stepped together; ppo2 autoreset: same step)
     return gym.vector.SyncVectorEnv(
-        [
-            make_env(args.env_id, i, args.capture_video, run_name, args.max_episode_frames)
-            for i in range(num_envs or args.num_envs)
-        ],
+        [make_env(args.env_id, i, args.capture_video, run_name, args) for i in range(num_envs or args.num_envs)],
         autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
     )
 
@@ -319,6 +336,14 @@ def layer_init(layer, std=np.sqrt(2), bias_const=0.0):
     torch.nn.init.orthogonal_(layer.weight, std)
     torch.nn.init.constant_(layer.bias, bias_const)
     return layer
+
+
+def torch_default_init(agent):
+    """core-2 switched off (--no-orthogonal-init): every linear and convolutional layer gets PyTorch's own init."""
+    for module in agent.modules():
+        if isinstance(module, (nn.Linear, nn.Conv2d)):
+            module.reset_parameters()
+    return agent
 
 
 class Agent(nn.Module):
@@ -408,22 +433,24 @@ def ppo_loss(newlogprob, entropy, newvalue, oldlogprob, advantages, returns, old
 
 
 def make_optimizer(agent, args):
-    # detail core-3: Adam epsilon 1e-5 (ppo2's value, not PyTorch's 1e-8); foreach: same math in fewer ops
-    return optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, foreach=True)
+    # detail core-3: Adam epsilon 1e-5 (ppo2's value, not PyTorch's 1e-8; --adam-eps); foreach: same math in fewer ops
+    return optim.Adam(agent.parameters(), lr=args.learning_rate, eps=args.adam_eps, foreach=True)
 
 
-def minibatches(b_inds, minibatch_size):
-    """Shuffle the batch indices in place and split them into minibatches that cover the batch once."""
+def minibatches(b_inds, minibatch_size, shuffle=True):
+    """Shuffle the batch indices in place (if `shuffle`), split them into minibatches that cover the batch once."""
     # detail core-6: mini-batch updates, shuffled, each epoch visits every sample exactly once
-    np.random.shuffle(b_inds)
+    if shuffle:
+        np.random.shuffle(b_inds)
     return [b_inds[start : start + minibatch_size] for start in range(0, len(b_inds), minibatch_size)]
 
 
-def gradient_step(optimizer, loss, max_grad_norm):
+def gradient_step(optimizer, loss, max_grad_norm, clip=True):
     optimizer.zero_grad()
     loss.backward()
     # detail core-11: global gradient clipping, the norm over all parameters at most max_grad_norm (0.5)
-    nn.utils.clip_grad_norm_([p for group in optimizer.param_groups for p in group["params"]], max_grad_norm, foreach=True)
+    if clip:
+        nn.utils.clip_grad_norm_([p for group in optimizer.param_groups for p in group["params"]], max_grad_norm, foreach=True)
     optimizer.step()
 
 
@@ -604,6 +631,8 @@ if __name__ == "__main__":
         sys.exit(f"error: {error}")
 
     agent = Agent(envs).to(device)
+    if not args.orthogonal_init:  # core-2 switched off: PyTorch's own init
+        torch_default_init(agent)
     if args.channels_last:  # speed: oneDNN's NHWC convolution kernels (the same math, rounded differently)
         agent = agent.to(memory_format=torch.channels_last)
     optimizer = make_optimizer(agent, args)
@@ -726,7 +755,7 @@ if __name__ == "__main__":
             b_inds = np.arange(args.batch_size)
             stats = []
             for _epoch in range(args.update_epochs):
-                for mb_inds in minibatches(b_inds, args.minibatch_size):
+                for mb_inds in minibatches(b_inds, args.minibatch_size, args.shuffle_minibatches):
                     mb_inds = torch.from_numpy(mb_inds).to(device)
                     _, newlogprob, entropy, newvalue = agent.get_action_and_value(b_obs[mb_inds], b_actions[mb_inds])
                     loss, *mb_stats = ppo_loss(
@@ -740,7 +769,7 @@ if __name__ == "__main__":
                         args,
                         clip_coef,
                     )
-                    gradient_step(optimizer, loss, args.max_grad_norm)
+                    gradient_step(optimizer, loss, args.max_grad_norm, args.clip_grad_norm)
                     stats.append(torch.stack(mb_stats))
 
                 # detail aux-3: target-KL early stopping, once per epoch: the epoch's last minibatch's KL > target ends it

@@ -68,34 +68,52 @@ class Args:
     """total timesteps of the experiments"""
     max_episode_frames: int = 400000
     """frames after which a game is cut (truncated): 400000 as in ppo2 (gym 0.21); 108000 for the 30-minute protocol"""
+    noop_max: int = 30
+    """the most no-op frames at a game's start, 1 to noop_max drawn at random (atari-1; 0: none)"""
+    episodic_life: bool = True
+    """Toggle ending the learning episode at a life loss, the game going on (atari-3)"""
+    fire_reset: bool = True
+    """Toggle pressing FIRE, then action 2, at reset in games that have FIRE (atari-4)"""
+    clip_reward: bool = True
+    """Toggle learning from the sign of the reward (atari-6; the logged return is the game's either way)"""
+    frame_stack: int = 4
+    """the number of last frames stacked into an observation (atari-7; 1: no stacking)"""
+    orthogonal_init: bool = True
+    """Toggle orthogonal weight init with constant 0 bias (core-2; off: PyTorch's default init of every layer)"""
     learning_rate: float = 2.5e-4
     """the learning rate of the optimizer"""
+    adam_eps: float = 1e-5
+    """the epsilon of Adam (core-3; ppo2: 1e-5, PyTorch's default: 1e-8)"""
     num_envs: int = 8
     """the number of parallel game environments"""
     num_steps: int = 128
     """the number of steps to run in each environment per policy rollout"""
     anneal_lr: bool = True
-    """Toggle learning rate annealing for policy and value networks"""
+    """Toggle learning rate annealing for policy and value networks (core-4)"""
     gamma: float = 0.99
     """the discount factor gamma"""
     gae_lambda: float = 0.95
     """the lambda for the general advantage estimation"""
     num_minibatches: int = 4
     """the number of mini-batches"""
+    shuffle_minibatches: bool = True
+    """Toggle shuffling before each epoch's mini-batches (core-6; off: the same order every epoch)"""
     update_epochs: int = 4
     """the K epochs to update the policy"""
     norm_adv: bool = True
-    """Toggles advantages normalization"""
+    """Toggles advantages normalization (core-7)"""
     clip_coef: float = 0.1
     """the surrogate clipping coefficient"""
     anneal_clip: bool = False
     """Toggle annealing of the clipping coefficient to 0 with the learning-rate schedule (aux-1)"""
     clip_vloss: bool = True
-    """Toggles whether or not to use a clipped loss for the value function, as per the paper."""
+    """Toggles whether or not to use a clipped loss for the value function, as per the paper (core-9)."""
     ent_coef: float = 0.01
-    """coefficient of the entropy"""
+    """coefficient of the entropy (core-10; 0: no entropy bonus)"""
     vf_coef: float = 0.5
     """coefficient of the value function"""
+    clip_grad_norm: bool = True
+    """Toggle global gradient clipping to max_grad_norm (core-11; off: no clipping)"""
     max_grad_norm: float = 0.5
     """the maximum norm for the gradient clipping"""
     target_kl: float | None = None
@@ -125,6 +143,8 @@ FLAG_DOMAINS = [
     ("ent_coef", lambda v: v >= 0, "at least 0"),
     ("vf_coef", lambda v: v >= 0, "at least 0"),
     ("max_grad_norm", lambda v: v > 0, "above 0"),
+    ("adam_eps", lambda v: v > 0, "above 0 (ppo2: 1e-5)"),
+    ("noop_max", lambda v: v >= 0, "at least 0 (0: no no-op frames)"),
     ("target_kl", lambda v: v is None or v > 0, "above 0 (or left out: no early stopping)"),
     ("torch_threads", lambda v: v >= 0, "at least 0 (0: torch's default)"),
     ("save_every", lambda v: v >= 0, "at least 0 (0: a checkpoint only at the end)"),
@@ -197,6 +217,8 @@ def check_args(args):
         return f"envpool has no {envpool_task(args.env_id)} for '{args.env_id}'; run it with ppo_atari.py"
     if args.capture_video:
         return "the C++ vector env renders no video; record with ppo_atari.py --capture-video"
+    if args.noop_max == 0:  # envpool 1.2.5 draws from 1..noop_max: 0 crashes it
+        return "--noop-max 0: envpool takes at least one no-op frame at a game's start (1 is its least; ppo_atari.py: 0)"
     return None
 
 
@@ -219,10 +241,11 @@ class EnvpoolAtari:
     """envpool's C++ Atari envs playing ppo2's game: autoreset on the same step, FIRE after every start, zeros in the
     frame stack after every done, and each whole game's real return in infos["final_info"] (as SyncVectorEnv gives)."""
 
-    def __init__(self, task_id, num_envs, fire, **options):
+    def __init__(self, task_id, num_envs, fire, frame_stack=4, clip_reward=True, **options):
         self.task_id, self.num_envs, self.fire, self.options, self.envs = task_id, num_envs, fire, options, None
+        self.clip_reward = clip_reward
         self.make(seed=0)
-        self.single_observation_space = gym.spaces.Box(0, 255, (4, 84, 84), np.uint8)
+        self.single_observation_space = gym.spaces.Box(0, 255, (frame_stack, 84, 84), np.uint8)
         self.single_action_space = gym.spaces.Discrete(self.envs.action_space.n)
         self.action_space = gym.vector.utils.batch_space(self.single_action_space, num_envs)
 
@@ -290,28 +313,30 @@ class EnvpoolAtari:
             episode = {"r": self.final_returns.copy(), "l": self.final_lengths.copy()}
             infos["final_info"] = {"episode": episode, "_episode": self.ended.copy()}
         # detail atari-6: ClipReward, the sign of the reward (learning only; the logged return is unclipped)
-        return self.stack.copy(), np.sign(rewards), terminations, truncations, infos
+        return self.stack.copy(), np.sign(rewards) if self.clip_reward else rewards, terminations, truncations, infos
 
 
 def make_envs(args, run_name, num_envs=None):
     spec = gym.spec(args.env_id).kwargs  # the id's ROM and sticky actions (NoFrameskip-v4: 0, ALE/<Game>-v5: 0.25)
     ale = gym.make(args.env_id)
-    fire = "FIRE" in ale.unwrapped.get_action_meanings()
+    fire = args.fire_reset and "FIRE" in ale.unwrapped.get_action_meanings()
     ale.close()
     # detail core-1: vectorized architecture (N envs stepped together by C++ threads; ppo2 autoreset: same step)
     return EnvpoolAtari(
         envpool_task(args.env_id),
         num_envs or args.num_envs,
         fire,
+        args.frame_stack,
+        args.clip_reward,
         repeat_action_probability=spec["repeat_action_probability"],
         max_episode_steps=-(-args.max_episode_frames // 4),  # envpool counts steps of 4 frames
         # detail atari-1: NoopReset, 1 to 30 no-op frames at a game's start (and, in envpool, after a life loss)
-        noop_max=30,
+        noop_max=args.noop_max,
         use_fire_reset=False,  # envpool's own would press FIRE for 1 frame; EnvpoolAtari presses as baselines do
         # detail atari-2: MaxAndSkip, repeat each action 4 frames, observe the max of the last 2
         frame_skip=4,
         # detail atari-3: EpisodicLife, a life loss ends the learning episode (terminated), the game goes on
-        episodic_life=True,
+        episodic_life=args.episodic_life,
         # detail atari-5: WarpFrame, 84x84 grayscale (area averaging, as baselines' cv2.INTER_AREA)
         img_height=84,
         img_width=84,
@@ -327,6 +352,14 @@ def layer_init(layer, std=np.sqrt(2), bias_const=0.0):
     torch.nn.init.orthogonal_(layer.weight, std)
     torch.nn.init.constant_(layer.bias, bias_const)
     return layer
+
+
+def torch_default_init(agent):
+    """core-2 switched off (--no-orthogonal-init): every linear and convolutional layer gets PyTorch's own init."""
+    for module in agent.modules():
+        if isinstance(module, (nn.Linear, nn.Conv2d)):
+            module.reset_parameters()
+    return agent
 
 
 class Agent(nn.Module):
@@ -416,22 +449,24 @@ def ppo_loss(newlogprob, entropy, newvalue, oldlogprob, advantages, returns, old
 
 
 def make_optimizer(agent, args):
-    # detail core-3: Adam epsilon 1e-5 (ppo2's value, not PyTorch's 1e-8); foreach: same math in fewer ops
-    return optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, foreach=True)
+    # detail core-3: Adam epsilon 1e-5 (ppo2's value, not PyTorch's 1e-8; --adam-eps); foreach: same math in fewer ops
+    return optim.Adam(agent.parameters(), lr=args.learning_rate, eps=args.adam_eps, foreach=True)
 
 
-def minibatches(b_inds, minibatch_size):
-    """Shuffle the batch indices in place and split them into minibatches that cover the batch once."""
+def minibatches(b_inds, minibatch_size, shuffle=True):
+    """Shuffle the batch indices in place (if `shuffle`), split them into minibatches that cover the batch once."""
     # detail core-6: mini-batch updates, shuffled, each epoch visits every sample exactly once
-    np.random.shuffle(b_inds)
+    if shuffle:
+        np.random.shuffle(b_inds)
     return [b_inds[start : start + minibatch_size] for start in range(0, len(b_inds), minibatch_size)]
 
 
-def gradient_step(optimizer, loss, max_grad_norm):
+def gradient_step(optimizer, loss, max_grad_norm, clip=True):
     optimizer.zero_grad()
     loss.backward()
     # detail core-11: global gradient clipping, the norm over all parameters at most max_grad_norm (0.5)
-    nn.utils.clip_grad_norm_([p for group in optimizer.param_groups for p in group["params"]], max_grad_norm, foreach=True)
+    if clip:
+        nn.utils.clip_grad_norm_([p for group in optimizer.param_groups for p in group["params"]], max_grad_norm, foreach=True)
     optimizer.step()
 
 
@@ -612,6 +647,8 @@ if __name__ == "__main__":
         sys.exit(f"error: {error}")
 
     agent = Agent(envs).to(device)
+    if not args.orthogonal_init:  # core-2 switched off: PyTorch's own init
+        torch_default_init(agent)
     if args.channels_last:  # speed: oneDNN's NHWC convolution kernels (the same math, rounded differently)
         agent = agent.to(memory_format=torch.channels_last)
     optimizer = make_optimizer(agent, args)
@@ -734,7 +771,7 @@ if __name__ == "__main__":
             b_inds = np.arange(args.batch_size)
             stats = []
             for _epoch in range(args.update_epochs):
-                for mb_inds in minibatches(b_inds, args.minibatch_size):
+                for mb_inds in minibatches(b_inds, args.minibatch_size, args.shuffle_minibatches):
                     mb_inds = torch.from_numpy(mb_inds).to(device)
                     _, newlogprob, entropy, newvalue = agent.get_action_and_value(b_obs[mb_inds], b_actions[mb_inds])
                     loss, *mb_stats = ppo_loss(
@@ -748,7 +785,7 @@ if __name__ == "__main__":
                         args,
                         clip_coef,
                     )
-                    gradient_step(optimizer, loss, args.max_grad_norm)
+                    gradient_step(optimizer, loss, args.max_grad_norm, args.clip_grad_norm)
                     stats.append(torch.stack(mb_stats))
 
                 # detail aux-3: target-KL early stopping, once per epoch: the epoch's last minibatch's KL > target ends it

@@ -57,38 +57,56 @@ class Args:
     """the id of the environment"""
     total_timesteps: int = 1000000
     """total timesteps of the experiments"""
+    orthogonal_init: bool = True
+    """Toggle orthogonal weight init with constant 0 bias (core-2; off: PyTorch's default init of every layer)"""
     learning_rate: float = 3e-4
     """the learning rate of the optimizer"""
+    adam_eps: float = 1e-5
+    """the epsilon of Adam (core-3; ppo2: 1e-5, PyTorch's default: 1e-8)"""
     num_envs: int = 1
     """the number of parallel game environments"""
     num_steps: int = 2048
     """the number of steps to run in each environment per policy rollout"""
     anneal_lr: bool = True
-    """Toggle learning rate annealing for policy and value networks"""
+    """Toggle learning rate annealing for policy and value networks (core-4)"""
     gamma: float = 0.99
     """the discount factor gamma"""
     gae_lambda: float = 0.95
     """the lambda for the general advantage estimation"""
     num_minibatches: int = 32
     """the number of mini-batches"""
+    shuffle_minibatches: bool = True
+    """Toggle shuffling before each epoch's mini-batches (core-6; off: the same order every epoch)"""
     update_epochs: int = 10
     """the K epochs to update the policy"""
     norm_adv: bool = True
-    """Toggles advantages normalization"""
+    """Toggles advantages normalization (core-7)"""
     clip_coef: float = 0.2
     """the surrogate clipping coefficient"""
     anneal_clip: bool = False
     """Toggle annealing of the clipping coefficient to 0 with the learning-rate schedule (aux-1)"""
     clip_vloss: bool = True
-    """Toggles whether or not to use a clipped loss for the value function, as per the paper."""
+    """Toggles whether or not to use a clipped loss for the value function, as per the paper (core-9)."""
     ent_coef: float = 0.0
-    """coefficient of the entropy"""
+    """coefficient of the entropy (core-10; 0: no entropy bonus)"""
     vf_coef: float = 0.5
     """coefficient of the value function"""
+    clip_grad_norm: bool = True
+    """Toggle global gradient clipping to max_grad_norm (core-11; off: no clipping)"""
     max_grad_norm: float = 0.5
     """the maximum norm for the gradient clipping"""
     target_kl: float | None = None
     """the target KL: the update's remaining epochs are skipped once an epoch's last minibatch exceeds it (aux-3)"""
+    clip_action: bool = True
+    """Toggle clipping actions to the action space's bounds before the env (continuous-5; off: the env gets the sample)"""
+    norm_obs: bool = True
+    """Toggle observation normalization by the running mean and std (continuous-6)"""
+    clip_obs: bool = True
+    """Toggle clipping the observations to [-10, 10] (continuous-7)"""
+    norm_reward: bool = True
+    """Toggle reward scaling by the running std of the discounted return (continuous-8)"""
+    clip_reward: bool = True
+    """Toggle clipping the rewards to [-10, 10] after scaling (continuous-9)"""
     bootstrap_truncated: bool = False
     """at a time-limit truncation, bootstrap with the value of the final observation (off: treated as terminal, as ppo2)"""
 
@@ -116,6 +134,8 @@ FLAG_DOMAINS = [
     ("ent_coef", lambda v: v >= 0, "at least 0"),
     ("vf_coef", lambda v: v >= 0, "at least 0"),
     ("max_grad_norm", lambda v: v > 0, "above 0"),
+    ("adam_eps", lambda v: v > 0, "above 0 (ppo2: 1e-5)"),
+    ("noop_max", lambda v: v >= 0, "at least 0 (0: no no-op frames)"),
     ("target_kl", lambda v: v is None or v > 0, "above 0 (or left out: no early stopping)"),
     ("torch_threads", lambda v: v >= 0, "at least 0 (0: torch's default)"),
     ("save_every", lambda v: v >= 0, "at least 0 (0: a checkpoint only at the end)"),
@@ -197,7 +217,7 @@ def check_env(envs):
     return None
 
 
-def make_env(env_id, idx, capture_video, run_name):
+def make_env(env_id, idx, capture_video, run_name, clip_action=True):
     def thunk():
         if capture_video and idx == 0:
             os.environ.setdefault("MUJOCO_GL", "egl")  # headless rendering; MuJoCo is first imported by gym.make
@@ -207,7 +227,7 @@ def make_env(env_id, idx, capture_video, run_name):
             env = gym.make(env_id)
         env = gym.wrappers.RecordEpisodeStatistics(env)
         # detail continuous-5: the env clips actions to its bounds; the unclipped sample is stored and scored
-        env = gym.wrappers.ClipAction(env) if isinstance(env.action_space, gym.spaces.Box) else env  # else: check_env
+        env = gym.wrappers.ClipAction(env) if clip_action and isinstance(env.action_space, gym.spaces.Box) else env
         return env
 
     return thunk
@@ -216,10 +236,10 @@ def make_env(env_id, idx, capture_video, run_name):
 def make_envs(args, run_name, num_envs=None):
     # detail core-1: vectorized architecture (N envs stepped together; ppo2 autoreset: same step)
     envs = gym.vector.SyncVectorEnv(
-        [make_env(args.env_id, i, args.capture_video, run_name) for i in range(num_envs or args.num_envs)],
+        [make_env(args.env_id, i, args.capture_video, run_name, args.clip_action) for i in range(num_envs or args.num_envs)],
         autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
     )
-    return VecNormalize(envs, args.gamma)
+    return VecNormalize(envs, args.gamma, switches=(args.norm_obs, args.clip_obs, args.norm_reward, args.clip_reward))
 
 
 class RunningMeanStd:
@@ -241,8 +261,9 @@ class RunningMeanStd:
 class VecNormalize(gym.vector.VectorWrapper):
     """ppo2's VecNormalize: one set of running statistics for all envs, frozen while `training` is False."""
 
-    def __init__(self, envs, gamma, clip=10.0, epsilon=1e-8):
+    def __init__(self, envs, gamma, clip=10.0, epsilon=1e-8, switches=(True, True, True, True)):
         super().__init__(envs)
+        self.norm_obs, self.clip_obs, self.norm_reward, self.clip_reward = switches  # continuous-6 to -9 (ablations)
         self.obs_rms, self.ret_rms = RunningMeanStd(shape=envs.single_observation_space.shape), RunningMeanStd(shape=())
         self.rms = {"obs": self.obs_rms, "ret": self.ret_rms}
         self.returns, self.gamma, self.clip, self.epsilon, self.training = np.zeros(envs.num_envs), gamma, clip, epsilon, True
@@ -251,9 +272,9 @@ class VecNormalize(gym.vector.VectorWrapper):
         if self.training and update:
             self.obs_rms.update(obs)
         # detail continuous-6: observation normalization, (obs - running mean) / running std
-        obs = (obs - self.obs_rms.mean) / np.sqrt(self.obs_rms.var + self.epsilon)
+        obs = (obs - self.obs_rms.mean) / np.sqrt(self.obs_rms.var + self.epsilon) if self.norm_obs else obs
         # detail continuous-7: observation clipping to [-10, 10]
-        return np.clip(obs, -self.clip, self.clip).astype(np.float32)
+        return (np.clip(obs, -self.clip, self.clip) if self.clip_obs else obs).astype(np.float32)
 
     def reset(self, **kwargs):
         obs, infos = self.env.reset(**kwargs)
@@ -266,8 +287,9 @@ class VecNormalize(gym.vector.VectorWrapper):
         self.returns = self.returns * self.gamma + rewards
         if self.training:
             self.ret_rms.update(self.returns)
+        rewards = rewards / np.sqrt(self.ret_rms.var + self.epsilon) if self.norm_reward else rewards
         # detail continuous-9: reward clipping to [-10, 10]
-        rewards = np.clip(rewards / np.sqrt(self.ret_rms.var + self.epsilon), -self.clip, self.clip)
+        rewards = np.clip(rewards, -self.clip, self.clip) if self.clip_reward else rewards
         self.returns[terminations | truncations] = 0
         obs = self.normalize(obs)
         for i in np.flatnonzero(infos.get("_final_obs", [])):  # an ended episode's last obs: normalized, not counted
@@ -287,6 +309,14 @@ def layer_init(layer, std=np.sqrt(2), bias_const=0.0):
     torch.nn.init.orthogonal_(layer.weight, std)
     torch.nn.init.constant_(layer.bias, bias_const)
     return layer
+
+
+def torch_default_init(agent):
+    """core-2 switched off (--no-orthogonal-init): every linear and convolutional layer gets PyTorch's own init."""
+    for module in agent.modules():
+        if isinstance(module, (nn.Linear, nn.Conv2d)):
+            module.reset_parameters()
+    return agent
 
 
 class Agent(nn.Module):
@@ -391,22 +421,24 @@ def ppo_loss(newlogprob, entropy, newvalue, oldlogprob, advantages, returns, old
 
 
 def make_optimizer(agent, args):
-    # detail core-3: Adam epsilon 1e-5 (ppo2's value, not PyTorch's 1e-8); foreach: same math in fewer ops
-    return optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, foreach=True)
+    # detail core-3: Adam epsilon 1e-5 (ppo2's value, not PyTorch's 1e-8; --adam-eps); foreach: same math in fewer ops
+    return optim.Adam(agent.parameters(), lr=args.learning_rate, eps=args.adam_eps, foreach=True)
 
 
-def minibatches(b_inds, minibatch_size):
-    """Shuffle the batch indices in place and split them into minibatches that cover the batch once."""
+def minibatches(b_inds, minibatch_size, shuffle=True):
+    """Shuffle the batch indices in place (if `shuffle`), split them into minibatches that cover the batch once."""
     # detail core-6: mini-batch updates, shuffled, each epoch visits every sample exactly once
-    np.random.shuffle(b_inds)
+    if shuffle:
+        np.random.shuffle(b_inds)
     return [b_inds[start : start + minibatch_size] for start in range(0, len(b_inds), minibatch_size)]
 
 
-def gradient_step(optimizer, loss, max_grad_norm):
+def gradient_step(optimizer, loss, max_grad_norm, clip=True):
     optimizer.zero_grad()
     loss.backward()
     # detail core-11: global gradient clipping, the norm over all parameters at most max_grad_norm (0.5)
-    nn.utils.clip_grad_norm_([p for group in optimizer.param_groups for p in group["params"]], max_grad_norm, foreach=True)
+    if clip:
+        nn.utils.clip_grad_norm_([p for group in optimizer.param_groups for p in group["params"]], max_grad_norm, foreach=True)
     optimizer.step()
 
 
@@ -590,6 +622,8 @@ if __name__ == "__main__":
         sys.exit(f"error: {error}")
 
     agent = Agent(envs).to(device)
+    if not args.orthogonal_init:  # core-2 switched off: PyTorch's own init
+        torch_default_init(agent)
     optimizer = make_optimizer(agent, args)
     start_iteration, wandb_id = 1, None
     if checkpoint:
@@ -714,7 +748,7 @@ if __name__ == "__main__":
             b_inds = np.arange(args.batch_size)
             stats = []
             for _epoch in range(args.update_epochs):
-                for mb_inds in minibatches(b_inds, args.minibatch_size):
+                for mb_inds in minibatches(b_inds, args.minibatch_size, args.shuffle_minibatches):
                     mb_inds = torch.from_numpy(mb_inds).to(device)
                     _, newlogprob, entropy, newvalue = agent.get_action_and_value(b_obs[mb_inds], b_actions[mb_inds])
                     loss, *mb_stats = ppo_loss(
@@ -728,7 +762,7 @@ if __name__ == "__main__":
                         args,
                         clip_coef,
                     )
-                    gradient_step(optimizer, loss, args.max_grad_norm)
+                    gradient_step(optimizer, loss, args.max_grad_norm, args.clip_grad_norm)
                     stats.append(torch.stack(mb_stats))
 
                 # detail aux-3: target-KL early stopping, once per epoch: the epoch's last minibatch's KL > target ends it

@@ -82,34 +82,42 @@ class Args:
     """the id of the environment"""
     total_timesteps: int = 2000000
     """total timesteps of the experiments"""
+    orthogonal_init: bool = True
+    """Toggle orthogonal weight init with constant 0 bias (core-2; off: PyTorch's default init of every layer)"""
     learning_rate: float = 2.5e-4
     """the learning rate of the optimizer"""
+    adam_eps: float = 1e-5
+    """the epsilon of Adam (core-3; ppo2: 1e-5, PyTorch's default: 1e-8)"""
     num_envs: int = 8
     """the number of parallel game environments"""
     num_steps: int = 128
     """the number of steps to run in each environment per policy rollout"""
     anneal_lr: bool = True
-    """Toggle learning rate annealing for policy and value networks"""
+    """Toggle learning rate annealing for policy and value networks (core-4)"""
     gamma: float = 0.99
     """the discount factor gamma"""
     gae_lambda: float = 0.95
     """the lambda for the general advantage estimation"""
     num_minibatches: int = 4
     """the number of mini-batches"""
+    shuffle_minibatches: bool = True
+    """Toggle shuffling before each epoch's mini-batches (core-6; off: the same order every epoch)"""
     update_epochs: int = 4
     """the K epochs to update the policy"""
     norm_adv: bool = True
-    """Toggles advantages normalization"""
+    """Toggles advantages normalization (core-7)"""
     clip_coef: float = 0.1
     """the surrogate clipping coefficient"""
     anneal_clip: bool = False
     """Toggle annealing of the clipping coefficient to 0 with the learning-rate schedule (aux-1)"""
     clip_vloss: bool = True
-    """Toggles whether or not to use a clipped loss for the value function, as per the paper."""
+    """Toggles whether or not to use a clipped loss for the value function, as per the paper (core-9)."""
     ent_coef: float = 0.01
-    """coefficient of the entropy"""
+    """coefficient of the entropy (core-10; 0: no entropy bonus)"""
     vf_coef: float = 0.5
     """coefficient of the value function"""
+    clip_grad_norm: bool = True
+    """Toggle global gradient clipping to max_grad_norm (core-11; off: no clipping)"""
     max_grad_norm: float = 0.5
     """the maximum norm for the gradient clipping"""
     target_kl: float | None = None
@@ -139,6 +147,8 @@ FLAG_DOMAINS = [
     ("ent_coef", lambda v: v >= 0, "at least 0"),
     ("vf_coef", lambda v: v >= 0, "at least 0"),
     ("max_grad_norm", lambda v: v > 0, "above 0"),
+    ("adam_eps", lambda v: v > 0, "above 0 (ppo2: 1e-5)"),
+    ("noop_max", lambda v: v >= 0, "at least 0 (0: no no-op frames)"),
     ("target_kl", lambda v: v is None or v > 0, "above 0 (or left out: no early stopping)"),
     ("torch_threads", lambda v: v >= 0, "at least 0 (0: torch's default)"),
     ("save_every", lambda v: v >= 0, "at least 0 (0: a checkpoint only at the end)"),
@@ -271,6 +281,14 @@ def layer_init(layer, std=np.sqrt(2), bias_const=0.0):
     return layer
 
 
+def torch_default_init(agent):
+    """core-2 switched off (--no-orthogonal-init): every linear and convolutional layer gets PyTorch's own init."""
+    for module in agent.modules():
+        if isinstance(module, (nn.Linear, nn.Conv2d)):
+            module.reset_parameters()
+    return agent
+
+
 class CategoricalMasked(Categorical):
     """A Categorical restricted to the valid actions of `mask` (bool, the shape of `logits`)."""
 
@@ -373,22 +391,24 @@ def ppo_loss(newlogprob, entropy, newvalue, oldlogprob, advantages, returns, old
 
 
 def make_optimizer(agent, args):
-    # detail core-3: Adam epsilon 1e-5 (ppo2's value, not PyTorch's 1e-8); foreach: same math in fewer ops
-    return optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, foreach=True)
+    # detail core-3: Adam epsilon 1e-5 (ppo2's value, not PyTorch's 1e-8; --adam-eps); foreach: same math in fewer ops
+    return optim.Adam(agent.parameters(), lr=args.learning_rate, eps=args.adam_eps, foreach=True)
 
 
-def minibatches(b_inds, minibatch_size):
-    """Shuffle the batch indices in place and split them into minibatches that cover the batch once."""
+def minibatches(b_inds, minibatch_size, shuffle=True):
+    """Shuffle the batch indices in place (if `shuffle`), split them into minibatches that cover the batch once."""
     # detail core-6: mini-batch updates, shuffled, each epoch visits every sample exactly once
-    np.random.shuffle(b_inds)
+    if shuffle:
+        np.random.shuffle(b_inds)
     return [b_inds[start : start + minibatch_size] for start in range(0, len(b_inds), minibatch_size)]
 
 
-def gradient_step(optimizer, loss, max_grad_norm):
+def gradient_step(optimizer, loss, max_grad_norm, clip=True):
     optimizer.zero_grad()
     loss.backward()
     # detail core-11: global gradient clipping, the norm over all parameters at most max_grad_norm (0.5)
-    nn.utils.clip_grad_norm_([p for group in optimizer.param_groups for p in group["params"]], max_grad_norm, foreach=True)
+    if clip:
+        nn.utils.clip_grad_norm_([p for group in optimizer.param_groups for p in group["params"]], max_grad_norm, foreach=True)
     optimizer.step()
 
 
@@ -570,6 +590,8 @@ if __name__ == "__main__":
         sys.exit(f"error: {error}")
 
     agent = Agent(envs).to(device)
+    if not args.orthogonal_init:  # core-2 switched off: PyTorch's own init
+        torch_default_init(agent)
     if args.channels_last:  # speed: oneDNN's NHWC convolution kernels (the same math, rounded differently)
         agent = agent.to(memory_format=torch.channels_last)
     optimizer = make_optimizer(agent, args)
@@ -704,7 +726,7 @@ if __name__ == "__main__":
             b_inds = np.arange(args.batch_size)
             stats = []
             for _epoch in range(args.update_epochs):
-                for mb_inds in minibatches(b_inds, args.minibatch_size):
+                for mb_inds in minibatches(b_inds, args.minibatch_size, args.shuffle_minibatches):
                     mb_inds = torch.from_numpy(mb_inds).to(device)
                     _, newlogprob, entropy, newvalue = agent.get_action_and_value(
                         b_obs[mb_inds], b_actions[mb_inds], b_units[mb_inds], b_masks[mb_inds]
@@ -720,7 +742,7 @@ if __name__ == "__main__":
                         args,
                         clip_coef,
                     )
-                    gradient_step(optimizer, loss, args.max_grad_norm)
+                    gradient_step(optimizer, loss, args.max_grad_norm, args.clip_grad_norm)
                     stats.append(torch.stack(mb_stats))
 
                 # detail aux-3: target-KL early stopping, once per epoch: the epoch's last minibatch's KL > target ends it

@@ -5,9 +5,11 @@
     python benchmark/speed.py --repeats 3 --train-steps 30720 ppo.py
     python benchmark/speed.py --script-args="--torch-threads 2" ppo_atari.py   # flags added to each training run
     python benchmark/speed.py --against HEAD~3 ppo.py ppo_atari.py  # before/after: each script beside its REV version
+    python benchmark/speed.py --with-flags=--fused-lstm ppo_atari_lstm.py other/ppo_atari_lstm.py  # also with a flag
 
 `--against REV` takes each script as it was at the git revision REV (`git show REV:<script>` into a temporary folder;
 the scripts import nothing of ours) and measures it next to the current one, runs interleaved, with the ratio.
+`--with-flags FLAGS` also measures each current script with FLAGS added (e.g. an opt-in speed flag), interleaved too.
 
 For each script: env-only throughput (random actions through the script's own `make_envs`, so the same wrappers
 and vector env), and training SPS measured from the TensorBoard events of a run of the script itself, between
@@ -93,6 +95,7 @@ def main():
     parser.add_argument("--env-seconds", type=float, default=5.0, help="seconds per env-only measurement")
     parser.add_argument("--script-args", default="", help="flags added to every training run (one string)")
     parser.add_argument("--against", metavar="REV", help="also measure each script as it was at git revision REV")
+    parser.add_argument("--with-flags", default="", help="also measure each current script with these flags added")
     opts = parser.parse_args()
     if opts.repeats < 1 or not opts.env_seconds > 0 or (opts.train_steps is not None and opts.train_steps < 1):
         parser.error("--repeats and --train-steps must be at least 1, and --env-seconds above 0")
@@ -113,24 +116,35 @@ def main():
         env_id, flags, steps, warmup = DEFAULTS.get(paths[-1].name, DEFAULTS["ppo.py"])
         env_id, steps = opts.env_id or env_id, opts.train_steps or steps
         flags = [*flags, *shlex.split(opts.script_args)]
-        env_runs, train_runs = {p: [] for p in paths}, {p: [] for p in paths}
+        with_flags = shlex.split(opts.with_flags)
+        runs = [(path, "") for path in paths] + ([(paths[-1], opts.with_flags)] if with_flags else [])  # (path, added)
+        env_runs, train_runs = {r: [] for r in runs}, {r: [] for r in runs}
         for _ in range(opts.repeats):
-            for path in paths:
-                env_runs[path].append(env_only_sps(path, env_id, opts.env_seconds))
-                train_runs[path].append(training_sps(path, env_id, flags, steps, warmup))
-        for path in paths:
-            env_sps, train_sps = statistics.median(env_runs[path]), statistics.median(train_runs[path])
+            for path, added in runs:
+                env_runs[path, added].append(env_only_sps(path, env_id, opts.env_seconds))
+                train_runs[path, added].append(training_sps(path, env_id, flags + shlex.split(added), steps, warmup))
+        for path, added in runs:
+            env_sps, train_sps = statistics.median(env_runs[path, added]), statistics.median(train_runs[path, added])
             shown = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
             shown = f"{path.name}@{opts.against}" if path.is_relative_to(Path(old.name).resolve()) else shown
+            shown = f"{shown} {added}".strip()
             label = f"{shown} {opts.script_args}".strip()
-            rows.append((label, env_id, env_sps, train_sps, train_sps / env_sps, train_runs[path]))
-            print(f"measured {shown}: env-only {env_sps:,.0f}, training {train_sps:,.0f} ({train_runs[path]})", flush=True)
+            rows.append((label, env_id, env_sps, train_sps, train_sps / env_sps, train_runs[path, added]))
+            print(
+                f"measured {shown}: env-only {env_sps:,.0f}, training {train_sps:,.0f} ({train_runs[path, added]})", flush=True
+            )
     print(f"\nmedian of {opts.repeats}; {os.cpu_count()} CPUs; {time.strftime('%Y-%m-%d')}\n")
     print("| script | env | env-only steps/s | training SPS | training / env-only |")
     print("|---|---|---|---|---|")
     for script, env_id, env_sps, train_sps, ratio, _ in rows:
         print(f"| {script} | {env_id} | {env_sps:,.0f} | {train_sps:,.0f} | {ratio:.2f} |")
     old.cleanup()
+    flagged = [(plain, row) for plain, row in zip(rows, rows[1:]) if opts.with_flags and row[0].startswith(plain[0] + " ")]
+    if flagged:
+        print(f"\n| script | env | SPS | with {opts.with_flags} SPS | with / without |")
+        print("|---|---|---|---|---|")
+        for plain, row in flagged:
+            print(f"| {plain[0]} | {plain[1]} | {plain[3]:,.0f} | {row[3]:,.0f} | {row[3] / plain[3]:.2f} |")
     pairs = [(b, a) for b, a in zip(rows, rows[1:]) if "@" in b[0].split()[0] and "@" not in a[0].split()[0]]
     if pairs:
         print(f"\n| script | env | before ({opts.against}) SPS | after SPS | after / before |")

@@ -186,11 +186,12 @@ def test_frame_stack_flag_and_defaults(lstm):
     args = lstm.Args()
     assert args.frame_stack == 1
     parent = load_script(PARENT).Args()
-    assert {k: v for k, v in vars(args).items() if k not in ("exp_name", "frame_stack")} == {
-        k: v for k, v in vars(parent).items() if k != "exp_name"
+    own = ("exp_name", "frame_stack", "reset_lstm_state", "fused_lstm")
+    assert {k: v for k, v in vars(args).items() if k not in own} == {
+        k: v for k, v in vars(parent).items() if k not in ("exp_name", "frame_stack")
     }
     for k in (1, 4):
-        env = lstm.make_env(args.env_id, 0, False, "test", args.max_episode_frames, k)()
+        env = lstm.make_env(args.env_id, 0, False, "test", lstm.Args(frame_stack=k))()
         assert env.observation_space.shape == (k, 84, 84)
         env.close()
 
@@ -259,3 +260,38 @@ def test_bad_input_one_clear_line(tmp_path):
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and "does not divide --num-envs 8" in lines[0], res.stderr
     assert not (tmp_path / "runs").exists()  # nothing started
+
+
+def test_fused_lstm_replays_the_same_and_calls_the_lstm_once_per_stretch(lstm, one_thread):
+    """--fused-lstm (speed, opt-in): one LSTM call per stretch of steps without an episode end, in any env of the
+    minibatch; the same log-probs and values as step by step, gradients equal up to the order of their sums."""
+    agent = make_agent(lstm)
+    batch, initial_state, logprobs, values = collect_rollout(lstm, agent)
+    np.random.seed(0)
+    splits = lstm.minibatches(np.arange(NUM_ENVS), 2, NUM_STEPS)
+    results = {}
+    for fused in (False, True):
+        agent.fused, calls = fused, []
+        hook = agent.lstm.register_forward_hook(lambda module, inputs, output, calls=calls: calls.append(len(inputs[0])))
+        agent.zero_grad()
+        newlogprobs, newvalues = replay(lstm, agent, batch, initial_state, splits)
+        hook.remove()
+        mb_inds = torch.from_numpy(splits[0][0])
+        _, newlogprob, _, newvalue, _ = lstm.replay_minibatch(
+            agent, batch["b_obs"], batch["b_dones"], batch["b_actions"], initial_state, mb_inds, splits[0][1]
+        )
+        (newlogprob.sum() + newvalue.sum()).backward()
+        results[fused] = newlogprobs, newvalues, [p.grad.clone() for p in agent.parameters()], calls
+    agent.fused = False
+    (lp0, v0, g0, calls0), (lp1, v1, g1, calls1) = results[False], results[True]
+    assert torch.allclose(lp1, logprobs, atol=1e-5, rtol=0) and torch.allclose(v1, values, atol=1e-5, rtol=0)
+    assert torch.allclose(lp1, lp0, atol=1e-6, rtol=0) and torch.allclose(v1, v0, atol=1e-6, rtol=0)
+    for a, b in zip(g0, g1):
+        assert torch.allclose(a, b, rtol=1e-4, atol=1e-6), (a - b).abs().max()
+    assert calls0 == [1] * (NUM_STEPS * len(splits))  # step by step
+    stretches = []
+    for _, mbenvinds in splits:  # a new stretch at each step t > 0 where an env of the minibatch starts an episode
+        starts = [0] + [t for t in range(1, NUM_STEPS) if any((t, e) in DONES for e in mbenvinds)]
+        stretches += [b - a for a, b in zip(starts, starts[1:] + [NUM_STEPS])]
+    assert calls1 == stretches and len(calls1) < len(calls0) / 4
+    assert lstm.Args().fused_lstm is False  # opt-in: the default stays bit-identical

@@ -63,7 +63,7 @@ def test_shared_passages_are_identical_to_ppo():
 def test_diff_against_ppo_stays_under_budget():
     diff = subprocess.run(["diff", "-u", "ppo.py", SCRIPT], cwd=ROOT, capture_output=True, text=True).stdout
     changed = [line for line in diff.splitlines() if re.match(r"[-+][^-+]", line)]  # grep -c '^[-+][^-+]'
-    assert 0 < len(changed) < 135, len(changed)  # 117 before ppo2's RunningMeanStd was written out (issue 9)
+    assert 0 < len(changed) < 155, len(changed)  # 117 before ppo2's RunningMeanStd (issue 9), 135 before the ablation flags
 
 
 def test_logstd_parameter_initialised_to_zero_and_state_independent(cont):

@@ -589,7 +589,7 @@ BAD_VALUES = {  # a value outside each numeric flag's domain (the code would fai
     "seed": -1, "total_timesteps": 0, "num_envs": 0, "num_steps": -3, "num_minibatches": 0, "update_epochs": 0,
     "learning_rate": float("nan"), "gamma": 1.01, "gae_lambda": -0.1, "clip_coef": -0.2, "ent_coef": -0.01,
     "vf_coef": float("nan"), "max_grad_norm": 0.0, "target_kl": -0.01, "torch_threads": -1, "save_every": -50,
-    "eval_episodes": 0, "max_episode_frames": 0, "frame_stack": 0,
+    "eval_episodes": 0, "max_episode_frames": 0, "frame_stack": 0, "adam_eps": 0.0, "noop_max": -1,
 }  # fmt: skip
 
 

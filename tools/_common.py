@@ -30,3 +30,40 @@ def variant_scripts(root):
     """The variant scripts present under `root`: the known ones in lineage order, then any other ppo*.py."""
     present = sorted(p.name for p in Path(root).glob("ppo*.py") if p.is_file())
     return [s for s in VARIANTS if s in present] + [s for s in present if s not in PARENTS]
+
+
+# the details an ablation can switch off: id -> (the Args field of its flag, the value that switches it off); a script
+# has the ablation when its Args has the field with another default (benchmark/ablate.py, DETAILS.md)
+ABLATIONS = {
+    "core-2": ("orthogonal_init", False),
+    "core-3": ("adam_eps", 1e-8),
+    "core-4": ("anneal_lr", False),
+    "core-6": ("shuffle_minibatches", False),
+    "core-7": ("norm_adv", False),
+    "core-9": ("clip_vloss", False),
+    "core-10": ("ent_coef", 0.0),
+    "core-11": ("clip_grad_norm", False),
+    "atari-1": ("noop_max", 0),
+    "atari-3": ("episodic_life", False),
+    "atari-4": ("fire_reset", False),
+    "atari-6": ("clip_reward", False),
+    "atari-7": ("frame_stack", 1),
+    "continuous-5": ("clip_action", False),
+    "continuous-6": ("norm_obs", False),
+    "continuous-7": ("clip_obs", False),
+    "continuous-8": ("norm_reward", False),
+    "continuous-9": ("clip_reward", False),
+    "lstm-3": ("reset_lstm_state", False),
+}
+
+
+# where a script cannot take the 'off' value, the nearest it can (the detail is then as good as off)
+NEAREST_OFF = {("ppo_atari_envpool.py", "atari-1"): 1}  # envpool takes at least one no-op frame (0 crashes it)
+
+
+def off_flags(detail, script=None):
+    """The command-line flags that switch `detail` off, e.g. ['--no-orthogonal-init'] or ['--adam-eps', '1e-08']."""
+    field, value = ABLATIONS[detail]
+    value = NEAREST_OFF.get((script_name(script), detail), value) if script else value
+    name = field.replace("_", "-")
+    return [f"--no-{name}"] if value is False else [f"--{name}", f"{value:g}" if isinstance(value, float) else str(value)]

@@ -16,7 +16,7 @@ import tokenize
 from collections import defaultdict
 from pathlib import Path
 
-from _common import PARENTS, ROOT, VARIANTS, variant_scripts
+from _common import ABLATIONS, NEAREST_OFF, PARENTS, ROOT, VARIANTS, off_flags, variant_scripts
 
 # (group, title, which scripts the blog's group is about)
 GROUPS = [
@@ -252,7 +252,8 @@ def render(found):
         "",
         'The 37 implementation details of "The 37 Implementation Details of Proximal Policy Optimization" (ICLR 2022 blog '
         "track) plus 4 auxiliary ones, grouped as in the blog. Each links to every line that implements it; each line "
-        "carries a `# detail <id>: <name>` comment. Regenerate with `python tools/details.py`; "
+        "carries a `# detail <id>: <name>` comment. Switch off: the flags that turn the detail off in every script that "
+        "has it (`python benchmark/ablate.py` measures what each one adds). Regenerate with `python tools/details.py`; "
         "`python tools/details.py --check` verifies that every required tag is present and that this file is up to date.",
         "",
         "## Scripts",
@@ -278,14 +279,17 @@ def render(found):
             "",
             f"## {title[0].upper()}{title[1:]} ({about})",
             "",
-            "| id | detail | what it does | where |",
-            "|---|---|---|---|",
+            "| id | detail | what it does | switch off | where |",
+            "|---|---|---|---|---|",
         ]
         for detail_id in ids:
             name, explanation = DETAILS[detail_id]
             cells = list(where[detail_id])
             cells += [f"**missing in {s}**" for s in found if detail_id in required_ids(s) and (s, detail_id) not in tagged]
-            out.append(f"| {detail_id} | {name} | {explanation} | {', '.join(cells) or '—'} |")
+            off = f"`{' '.join(off_flags(detail_id))}`" if detail_id in ABLATIONS else "—"
+            for script, _ in (k for k in NEAREST_OFF if k[1] == detail_id):  # a script that cannot take the 'off' value
+                off += f" ({script}: `{' '.join(off_flags(detail_id, script))}`, the nearest it can)"
+            out.append(f"| {detail_id} | {name} | {explanation} | {off} | {', '.join(cells) or '—'} |")
     return "\n".join(out) + "\n"
 
 
