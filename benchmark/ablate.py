@@ -158,7 +158,8 @@ def ablation_rows(groups, stem, details, last=100):
             row["diff"], row["low"], row["high"] = math.nan, math.nan, math.nan
             if detail != DEFAULT and valid and base:
                 row["diff"] = row["mean"] - float(np.mean(base))
-                row["low"], row["high"] = bootstrap_interval(valid, base)
+                if len(valid) > 1 and len(base) > 1:  # one seed has no spread to resample
+                    row["low"], row["high"] = bootstrap_interval(valid, base)
             rows.append(row)
     return rows
 
@@ -204,7 +205,7 @@ def write_report(rows, images, stem, out, last, notes):
         f"default. Final return: each seed's mean episodic return over its last {last} episodes; mean ± std (ddof=0) over "
         "seeds. Difference: the row's mean minus the default's, with a 95% percentile-bootstrap interval "
         f"({BOOTSTRAP_SAMPLES:,} resamples of each group's seeds with replacement). With 3 seeds the interval is "
-        "coarse and tends to be too narrow: read it as a screen, not a test.",
+        "coarse and tends to be too narrow: read it as a screen, not a test. One seed: no interval.",
         "",
     ]
     for env in sorted({r["env"] for r in rows}):
@@ -220,7 +221,7 @@ def write_report(rows, images, stem, out, last, notes):
             )
             interval = "—" if math.isnan(r["low"]) else f"[{r['low']:.2f}, {r['high']:.2f}]"
             judged = "" if r["detail"] == DEFAULT or math.isnan(r["low"]) else verdict(r["low"], r["high"])
-            cells = [r["detail"], flags, ", ".join(map(str, r["seeds"])), report._steps(r["steps"])]
+            cells = [r["detail"], flags, ", ".join(map(str, r["seeds"])), f"{r['steps']:,}"]
             cells += [f"{_cell(r['mean'])} ± {_cell(r['std'])}", _cell(r["diff"]), interval, judged]
             lines.append("| " + " | ".join(cells) + " |")
         image = dict(images).get(env)
@@ -251,8 +252,9 @@ def write_report(rows, images, stem, out, last, notes):
             )
 
 
-def load_groups(sources, stem, envs, details, seeds):
-    """{(env, exp): [runs]} of this ablation's runs found in `sources` (folders of runs or episodes .csv.gz files)."""
+def load_groups(sources, stem, envs, details, seeds, total_timesteps, notes):
+    """{(env, exp): [runs]} of this ablation's complete runs in `sources` (folders of runs or episodes .csv.gz files);
+    a run that stopped short of the total (within 1%) is left out, with a note."""
     wanted = {exp_name(stem, d) for d in [DEFAULT] + details}
     latest = {}
     for source in sources:
@@ -270,6 +272,9 @@ def load_groups(sources, stem, envs, details, seeds):
                     latest[key] = run
     groups = {}
     for run in sorted(latest.values(), key=lambda r: (r.env, r.exp, r.seed)):
+        if run.last_step < 0.99 * total_timesteps:
+            notes.append(f"{run.exp} {run.env} seed {run.seed} stopped at step {run.last_step:,}: left out")
+            continue
         groups.setdefault((run.env, run.exp), []).append(run)
     return groups
 
@@ -339,12 +344,12 @@ def main(argv=None):
     if not opts.report_only:
         skip = completed_runs("runs", opts.total_timesteps)
         failed = run_all(commands, opts.jobs, Path(opts.log_dir), skip)
-    groups = load_groups(opts.runs, stem, set(opts.env_id), details, set(opts.seeds))
+    notes = [f"{c[3]} {c[0]} seed {c[2]} failed: see its log" for c in failed]
+    groups = load_groups(opts.runs, stem, set(opts.env_id), details, set(opts.seeds), opts.total_timesteps, notes)
     if not groups:
-        print(f"error: no runs of this ablation under {', '.join(opts.runs)}", file=sys.stderr)
+        print(f"error: no complete runs of this ablation under {', '.join(opts.runs)}", file=sys.stderr)
         return 1
     out.mkdir(parents=True, exist_ok=True)
-    notes = [f"{c[3]} {c[0]} seed {c[2]} failed: see its log" for c in failed]
     expected = {(e, exp_name(stem, d), s) for e in opts.env_id for d in [DEFAULT] + details for s in opts.seeds}
     have = {(r.env, r.exp, r.seed) for runs in groups.values() for r in runs}
     if expected - have:

@@ -9,7 +9,8 @@
 
 `--against REV` takes each script as it was at the git revision REV (`git show REV:<script>` into a temporary folder;
 the scripts import nothing of ours) and measures it next to the current one, runs interleaved, with the ratio.
-`--with-flags FLAGS` also measures each current script with FLAGS added (e.g. an opt-in speed flag), interleaved too.
+`--with-flags FLAGS` also measures each script of this repository with FLAGS added (e.g. an opt-in speed flag),
+interleaved with it; a script given by a path outside the repository (e.g. another implementation) runs without them.
 
 For each script: env-only throughput (random actions through the script's own `make_envs`, so the same wrappers
 and vector env), and training SPS measured from the TensorBoard events of a run of the script itself, between
@@ -117,7 +118,8 @@ def main():
         env_id, steps = opts.env_id or env_id, opts.train_steps or steps
         flags = [*flags, *shlex.split(opts.script_args)]
         with_flags = shlex.split(opts.with_flags)
-        runs = [(path, "") for path in paths] + ([(paths[-1], opts.with_flags)] if with_flags else [])  # (path, added)
+        current = with_flags and paths[-1].is_relative_to(ROOT)  # --with-flags: the scripts of this repository
+        runs = [(path, "") for path in paths] + ([(paths[-1], opts.with_flags)] if current else [])  # (path, added)
         env_runs, train_runs = {r: [] for r in runs}, {r: [] for r in runs}
         for _ in range(opts.repeats):
             for path, added in runs:

@@ -412,3 +412,28 @@ def test_report_only_from_an_episodes_file(tmp_path):
     assert res.returncode == 0, res.stderr
     committed = (ROOT / "docs/results/ablations/ppo/summary.csv").read_text()
     assert (tmp_path / "again/summary.csv").read_text() == committed
+
+
+def test_incomplete_runs_are_left_out_and_one_seed_gets_no_interval(tmp_path):
+    import report
+
+    def run(exp, seed, last_step, value):
+        r = report.Run("CartPole-v1", exp, seed, 1000 + seed, tmp_path, start_time=0.0, last_step=last_step, last_time=9.0)
+        r.returns = [(s, 1.0, value + seed) for s in range(100, last_step + 1, 100)]
+        return r
+
+    runs = [run("ppo__default", 1, 1000, 100.0), run("ppo__default", 2, 1000, 100.0), run("ppo__off-core-4", 1, 1000, 50.0)]
+    runs += [
+        run("ppo__off-core-4", 2, 500, 50.0),
+        run("ppo__off-core-9", 1, 1000, 80.0),
+        run("ppo__off-core-9", 2, 1000, 80.0),
+    ]
+    source = tmp_path / "episodes.csv.gz"
+    report.write_episodes(runs, source)
+    notes = []
+    groups = ablate.load_groups([source], "ppo", {"CartPole-v1"}, ["core-4", "core-9"], {1, 2}, 1000, notes)
+    assert notes == ["ppo__off-core-4 CartPole-v1 seed 2 stopped at step 500: left out"]
+    assert [r.seed for r in groups["CartPole-v1", "ppo__off-core-4"]] == [1]
+    rows = {r["detail"]: r for r in ablate.ablation_rows(groups, "ppo", ["core-4", "core-9"], last=100)}
+    assert rows["core-4"]["diff"] == pytest.approx(51.0 - 101.5) and math.isnan(rows["core-4"]["low"])  # one seed
+    assert rows["core-9"]["diff"] == pytest.approx(-20.0) and rows["core-9"]["low"] <= -20.0 <= rows["core-9"]["high"]
