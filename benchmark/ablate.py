@@ -20,6 +20,7 @@ import csv
 import math
 import os
 import shlex
+import signal
 import subprocess
 import sys
 import time
@@ -101,6 +102,29 @@ def run_all(commands, jobs, log_dir, skip):
     if len(pending) < len(commands):
         print(f"{len(commands) - len(pending)} of {len(commands)} runs are already complete under runs/; not run again")
     running, failed, total, started = [], [], len(pending), 0
+    signal.signal(signal.SIGTERM, _interrupt)  # as Ctrl-C
+    try:
+        _run_pending(pending, running, failed, jobs, log_dir, env, total, started)
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM: stop the runs (each keeps its logs), say how to go on
+        for proc, *_ in running:
+            proc.terminate()
+        for proc, *_ in running:
+            proc.wait()
+        print(
+            f"interrupted: {len(running)} run(s) stopped, {len(pending)} not started; the same command goes on (complete "
+            "runs are not made again)",
+            file=sys.stderr,
+            flush=True,
+        )
+        raise
+    return failed
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+def _run_pending(pending, running, failed, jobs, log_dir, env, total, started):
     while pending or running:
         while pending and len(running) < jobs:
             env_id, detail, seed, exp, argv = pending.pop(0)
@@ -120,7 +144,6 @@ def run_all(commands, jobs, log_dir, skip):
             print(f"{command[3]} {command[0]} seed {command[2]}: {status} in {time.time() - start:.0f} s", flush=True)
             if proc.returncode != 0:
                 failed.append(command)
-    return failed
 
 
 def bootstrap_interval(a, b, samples=BOOTSTRAP_SAMPLES, seed=0):
@@ -343,7 +366,10 @@ def main(argv=None):
     failed = []
     if not opts.report_only:
         skip = completed_runs("runs", opts.total_timesteps)
-        failed = run_all(commands, opts.jobs, Path(opts.log_dir), skip)
+        try:
+            failed = run_all(commands, opts.jobs, Path(opts.log_dir), skip)
+        except KeyboardInterrupt:
+            return 130
     notes = [f"{c[3]} {c[0]} seed {c[2]} failed: see its log" for c in failed]
     groups = load_groups(opts.runs, stem, set(opts.env_id), details, set(opts.seeds), opts.total_timesteps, notes)
     if not groups:

@@ -9,8 +9,10 @@ import importlib.util
 import math
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 
 import gymnasium as gym
 import numpy as np
@@ -437,3 +439,19 @@ def test_incomplete_runs_are_left_out_and_one_seed_gets_no_interval(tmp_path):
     rows = {r["detail"]: r for r in ablate.ablation_rows(groups, "ppo", ["core-4", "core-9"], last=100)}
     assert rows["core-4"]["diff"] == pytest.approx(51.0 - 101.5) and math.isnan(rows["core-4"]["low"])  # one seed
     assert rows["core-9"]["diff"] == pytest.approx(-20.0) and rows["core-9"]["low"] <= -20.0 <= rows["core-9"]["high"]
+
+
+def test_sigterm_stops_the_runs_and_says_how_to_go_on(tmp_path):
+    cmd = [sys.executable, str(ROOT / "benchmark/ablate.py"), "ppo.py", "--env-id", "CartPole-v1", "--seeds", 7771, 7772]
+    cmd += ["--total-timesteps", 200000, "--details", "core-4", "--jobs", 2]
+    proc = subprocess.Popen(list(map(str, cmd)), cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 60
+    while len(run_dirs(tmp_path)) < 2 and time.time() < deadline:  # both runs have begun logging
+        time.sleep(0.5)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert err.strip().splitlines()[-1].startswith("interrupted: 2 run(s) stopped, 2 not started; the same command goes on")
+    assert "Traceback" not in err
+    left = subprocess.run(["pgrep", "-f", "--", "--seed 777[12]"], capture_output=True, text=True)
+    assert left.returncode == 1 and left.stdout == "", left  # pgrep: 1 = no process matched (no run outlives the command)
