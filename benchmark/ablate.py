@@ -371,7 +371,11 @@ def main(argv=None):
         except KeyboardInterrupt:
             return 130
     notes = [f"{c[3]} {c[0]} seed {c[2]} failed: see its log" for c in failed]
-    groups = load_groups(opts.runs, stem, set(opts.env_id), details, set(opts.seeds), opts.total_timesteps, notes)
+    try:
+        groups = load_groups(opts.runs, stem, set(opts.env_id), details, set(opts.seeds), opts.total_timesteps, notes)
+    except (OSError, EOFError, KeyError, ValueError, csv.Error) as e:  # not an episodes file, cut short, other columns
+        print(f"error: cannot read the runs of {', '.join(opts.runs)} ({type(e).__name__}: {e})", file=sys.stderr)
+        return 2
     if not groups:
         print(f"error: no complete runs of this ablation under {', '.join(opts.runs)}", file=sys.stderr)
         return 1

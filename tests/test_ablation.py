@@ -358,6 +358,14 @@ def test_bad_input_one_clear_line(args, message):
     assert res.returncode == 2 and message in res.stderr and "Traceback" not in res.stderr, res.stderr
 
 
+def test_a_runs_source_that_is_not_an_episodes_file_gets_one_line(tmp_path):
+    (tmp_path / "bad.csv.gz").write_bytes(b"not gzip")
+    res = tool(
+        "ppo.py", "--env-id", "CartPole-v1", "--total-timesteps", 1000, "--report-only", "--runs", "bad.csv.gz", cwd=tmp_path
+    )
+    assert res.returncode == 2 and "error: cannot read the runs of bad.csv.gz" in res.stderr and "Traceback" not in res.stderr
+
+
 def test_bootstrap_interval_and_verdict():
     low, high = ablate.bootstrap_interval([10.0, 10.0, 10.0], [4.0, 5.0, 6.0])
     assert 4.0 <= low < 5.0 < high <= 6.0  # 10 - mean of a resample of {4, 5, 6}: within [4, 6]
