@@ -40,7 +40,7 @@ class Args:
     wandb_entity: str | None = None
     """the entity (team) of the wandb project"""
     capture_video: bool = False
-    """if toggled, videos of the first environment's episodes are saved under `videos/`"""
+    """if toggled, videos of the first environment's episodes are saved under `videos/` (also of an `--eval-checkpoint` run)"""
     save_model: bool = False
     """if toggled, a checkpoint is written to `runs/{run_name}/checkpoint.pt` (at the end and every `save_every` iterations)"""
     save_every: int = 50
@@ -558,11 +558,17 @@ class StopRequest:
         print(f"\n{signal.Signals(signum).name} received: stopping after a checkpoint (send again to stop now)", flush=True)
 
 
-def evaluate(checkpoint_path, eval_episodes, device):
-    """Play `eval_episodes` episodes with a checkpoint's policy (actions sampled) and return their returns."""
+def evaluate(checkpoint_path, eval_episodes, device, capture_video=False):
+    """Play `eval_episodes` episodes with a checkpoint's policy (actions sampled) and return their returns.
+
+    With `capture_video`, record them into videos/{run_name}-eval/ (RecordVideo's schedule: episodes 0, 1, 8, 27, ...)."""
     checkpoint = load_checkpoint(checkpoint_path)
     args = args_from_checkpoint(checkpoint)
-    args.capture_video = False
+    args.capture_video, args.track = capture_video, False  # an evaluation logs nothing
+    error = check_args(args)  # the training run's checks: e.g. moviepy missing, or an env that renders no video
+    if error:
+        sys.exit(f"error: {error}")
+    torch.manual_seed(args.seed)  # the actions are sampled: the same checkpoint plays the same episodes
     envs = make_envs(args, checkpoint["run_name"] + "-eval", num_envs=1)
     envs.load_state_dict(checkpoint["normalize"])
     envs.training = False  # the statistics are used frozen
@@ -577,6 +583,8 @@ def evaluate(checkpoint_path, eval_episodes, device):
         if "episode" in infos.get("final_info", {}) and infos["final_info"]["_episode"].any():
             returns.append(float(infos["final_info"]["episode"]["r"][0]))
     envs.close()
+    if capture_video:
+        print(f"videos of the evaluation in videos/{checkpoint['run_name']}-eval/")
     return returns
 
 
@@ -586,8 +594,9 @@ if __name__ == "__main__":
     if args.eval_checkpoint:
         if args.eval_episodes < 1:
             sys.exit(f"error: --eval-episodes is {args.eval_episodes}; evaluate at least 1 episode")
-        returns = evaluate(args.eval_checkpoint, args.eval_episodes, device)
+        returns = evaluate(args.eval_checkpoint, args.eval_episodes, device, args.capture_video)
         print(f"eval: {len(returns)} episodes, mean return {np.mean(returns):.2f} +- {np.std(returns):.2f}")
+        print("eval: each episode's return, in order:", " ".join(f"{r:g}" for r in returns))
         sys.exit(0)
     checkpoint = None
     if args.resume:  # the run continues with its own settings, but for RESUME_MAY_CHANGE (a larger total extends it)

@@ -509,6 +509,24 @@ def test_save_model_then_evaluate(tmp_path):
     assert res.returncode != 0 and "written by ppo.py" in res.stderr
 
 
+def test_evaluate_records_videos_and_plays_the_same_episodes_again(tmp_path):
+    res = run_script("ppo.py", "--total-timesteps", 1024, "--save-model", "--track", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    (run_dir,) = run_dirs(tmp_path)
+    wandb_runs = len(list((tmp_path / "wandb").glob("offline-run-*")))
+    ckpt = run_dir / "checkpoint.pt"
+    plays = []
+    for flags in [["--capture-video"], []]:
+        res = run_script("ppo.py", "--eval-checkpoint", ckpt, "--eval-episodes", 3, *flags, cwd=tmp_path)
+        assert res.returncode == 0, res.stderr
+        (line,) = [line for line in res.stdout.splitlines() if line.startswith("eval: each episode's return")]
+        plays.append([float(r) for r in line.split(":")[-1].split()])
+    assert len(plays[0]) == 3 and plays[0] == plays[1]  # sampled actions, yet seeded: the same three episodes
+    videos = sorted(p.name for p in (tmp_path / "videos" / f"{run_dir.name}-eval").glob("*.mp4"))
+    assert videos == ["rl-video-episode-0.mp4", "rl-video-episode-1.mp4"]  # RecordVideo's schedule: 0, 1, 8, ...
+    assert len(list((tmp_path / "wandb").glob("offline-run-*"))) == wandb_runs  # the run's --track is not replayed
+
+
 def test_capture_video_and_offline_tracking(tmp_path):
     res = run_script("ppo.py", "--total-timesteps", 1024, "--capture-video", "--track", cwd=tmp_path)
     assert res.returncode == 0, res.stderr

@@ -494,3 +494,25 @@ def test_shared_gradients_table_and_one_line_errors():
     assert res.returncode == 1 and res.stderr.strip().count("\n") == 0 and "Nope-v0" in res.stderr
     res = tool("benchmark/shared_gradients.py", "--env-ids", "Pendulum-v1", "--seeds", "1")
     assert res.returncode == 1 and "Traceback" not in res.stderr and "ppo_continuous_action.py" in res.stderr
+
+
+# tools/gif.py: a recorded episode as a GIF
+
+
+def test_gif_keeps_every_nth_frame_in_order(tmp_path):
+    import imageio.v2 as imageio
+
+    video = tmp_path / "episode.mp4"
+    # 40 frames, frame i a flat gray of 6 * i: the GIF must hold frames 0, 4, 8, ... in that order
+    frames = [np.full((64, 64, 3), 6 * i, dtype=np.uint8) for i in range(40)]
+    imageio.mimsave(str(video), frames, fps=30, macro_block_size=1)
+    gif = load_module("tools/gif.py")
+    assert gif.video_to_gif(video, tmp_path / "a.gif", every=4) == 10
+    shades = [int(f[..., :3].mean()) for f in imageio.mimread(str(tmp_path / "a.gif"))]
+    assert len(shades) == 10 and all(abs(s - 24 * k) <= 3 for k, s in enumerate(shades)), shades
+    assert gif.video_to_gif(video, tmp_path / "b.gif", every=1, max_frames=7) == 7
+    res = tool("tools/gif.py", tmp_path / "missing.mp4", tmp_path / "c.gif")
+    assert res.returncode == 1 and "is not a file" in res.stderr and res.stderr.count("\n") == 1
+    (tmp_path / "bad.mp4").write_text("not a video")
+    res = tool("tools/gif.py", tmp_path / "bad.mp4", tmp_path / "c.gif")
+    assert res.returncode == 1 and "cannot make a GIF" in res.stderr and res.stderr.count("\n") == 1, res.stderr
