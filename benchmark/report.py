@@ -252,6 +252,12 @@ def curve_label(exp, runs):
     return f"{exp}: seed{'s' if len(runs) > 1 else ''} {seeds}, {_steps(min(r.last_step for r in runs))} steps"
 
 
+def within_reach(row, runs):
+    """Whether the runs got to at least half the published step count; a final return published far past the runs'
+    end (Breakout's 409 at 10M beside runs of 1M) would squash their curves flat, so it is named but not drawn."""
+    return 2 * max(r.last_step for r in runs) >= row["steps"]
+
+
 def plot_env(env, groups, refs_by_script, out_path, window):
     import matplotlib
 
@@ -273,14 +279,11 @@ def plot_env(env, groups, refs_by_script, out_path, window):
             ax.fill_between(grid, mean - std, mean + std, color=color, alpha=0.2, linewidth=0)
         for baseline, style in (("ppo2", "--"), ("cleanrl", ":")):
             row = refs_by_script.get(exp, {}).get(baseline)
-            if row:
-                axes[0].axhline(
-                    row["mean"],
-                    color=color,
-                    linestyle=style,
-                    linewidth=1,
-                    label=f"{baseline} {row['env']} @ {_steps(row['steps'])}",
-                )
+            label = row and f"{baseline} {row['env']} @ {_steps(row['steps'])}"
+            if row and not within_reach(row, runs):  # named in the legend, not drawn
+                axes[0].plot([], [], " ", label=f"{label}: {row['mean']:.1f} (not drawn: the runs are shorter)")
+            elif row:
+                axes[0].axhline(row["mean"], color=color, linestyle=style, linewidth=1, label=label)
     axes[0].set_xlabel("environment steps")
     axes[1].set_xlabel(f"wall time ({unit})")
     axes[0].set_ylabel(f"episodic return (trailing mean of {window} episodes)")

@@ -516,3 +516,12 @@ def test_gif_keeps_every_nth_frame_in_order(tmp_path):
     (tmp_path / "bad.mp4").write_text("not a video")
     res = tool("tools/gif.py", tmp_path / "bad.mp4", tmp_path / "c.gif")
     assert res.returncode == 1 and "cannot make a GIF" in res.stderr and res.stderr.count("\n") == 1, res.stderr
+
+
+def test_report_draws_a_published_line_only_within_reach_of_the_runs():
+    row = {"steps": 10_000_000, "mean": 409.27}
+    runs = [report.Run("BreakoutNoFrameskip-v4", "ppo_atari", 1, 0, Path("a"), last_step=999_424)]
+    assert not report.within_reach(row, runs)  # 1M-step runs beside a 10M-step number: named, not drawn
+    runs.append(report.Run("BreakoutNoFrameskip-v4", "ppo_atari", 2, 0, Path("b"), last_step=5_000_000))
+    assert report.within_reach(row, runs)  # the longest run counts
+    assert report.within_reach({"steps": 500_000}, [report.Run("CartPole-v1", "ppo", 1, 0, Path("c"), last_step=499_712)])
