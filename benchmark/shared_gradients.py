@@ -16,7 +16,6 @@ import importlib.util
 import sys
 from pathlib import Path
 
-import gymnasium as gym
 import numpy as np
 import torch
 
@@ -83,12 +82,11 @@ def main(argv=None):
     parser.add_argument("--vf-coef", type=float, default=None, help="value-loss coefficient (default: the script's)")
     opts = parser.parse_args(argv)
     torch.set_num_threads(1)
-    for env_id in opts.env_ids:  # a name gymnasium does not know: one line before any output
-        try:
-            gym.spec(env_id)
-        except gym.error.Error as e:
-            sys.exit(f"error: --env-ids {env_id}: {e}")
     m = load("ppo_shared.py")
+    for env_id in opts.env_ids:  # the script's own checks (an unknown id names the script to use): one line, no table
+        error = m.check_args(m.Args(env_id=env_id, **({} if opts.vf_coef is None else {"vf_coef": opts.vf_coef})))
+        if error:
+            sys.exit(f"error: --env-ids {env_id}: {error}")
     vf_coef = m.Args().vf_coef if opts.vf_coef is None else opts.vf_coef
     print(f"ppo_shared.py at initialization, vf_coef {vf_coef}: gradient norms on the shared trunk, one rollout\n")
     print("| env | seed | policy part | value part | value / policy | cosine |")

@@ -216,6 +216,12 @@ def test_smoke_run_checkpoint_eval(tmp_path):
     res = run_script("ppo_atari_envpool.py", "--eval-checkpoint", ckpt, "--eval-episodes", 2, cwd=tmp_path, env=FAST)
     assert res.returncode == 0, res.stderr[-2000:]
     assert "eval: 2 episodes, mean return" in res.stdout
+    # the C++ env renders nothing: an evaluation asked to record says so in one line, before playing
+    res = run_script("ppo_atari_envpool.py", "--eval-checkpoint", ckpt, "--capture-video", cwd=tmp_path, env=FAST)
+    assert res.returncode == 1 and res.stderr.strip().splitlines() == [
+        "error: the C++ vector env renders no video; record with ppo_atari.py --capture-video"
+    ], res.stderr[-2000:]
+    assert "eval:" not in res.stdout and not (tmp_path / "videos").exists()
 
 
 def test_diff_from_ppo_atari():

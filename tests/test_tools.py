@@ -492,6 +492,11 @@ def test_shared_gradients_table_and_one_line_errors():
     assert len(rows) == 2 and all(len(row.split("|")) == 8 for row in rows)
     res = tool("benchmark/shared_gradients.py", "--env-ids", "Nope-v0")
     assert res.returncode == 1 and res.stderr.strip().count("\n") == 0 and "Nope-v0" in res.stderr
+    assert res.stdout == ""  # refused before the table
+    res = tool("benchmark/shared_gradients.py", "--env-ids", "BreakoutNoFrameskip-v4")  # an Atari id: the script to use
+    assert res.returncode == 1 and "ppo_atari.py" in res.stderr and "Traceback" not in res.stderr, res.stderr
+    res = tool("benchmark/shared_gradients.py", "--env-ids", "Acrobot-v1", "--vf-coef", "-1")
+    assert res.returncode == 1 and "--vf-coef -1.0 is not allowed" in res.stderr
     res = tool("benchmark/shared_gradients.py", "--env-ids", "Pendulum-v1", "--seeds", "1")
     assert res.returncode == 1 and "Traceback" not in res.stderr and "ppo_continuous_action.py" in res.stderr
 
