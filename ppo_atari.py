@@ -593,6 +593,9 @@ def evaluate(checkpoint_path, eval_episodes, device, capture_video=False):
             returns.append(float(infos["final_info"]["episode"]["r"][0]))
     envs.close()
     if capture_video:
+        unplayed = f"videos/{checkpoint['run_name']}-eval/rl-video-episode-{len(returns)}.mp4"
+        if os.path.exists(unplayed):  # the reset after the last episode began recording one more: a frame, not played
+            os.remove(unplayed)
         print(f"videos of the evaluation in videos/{checkpoint['run_name']}-eval/")
     return returns
 

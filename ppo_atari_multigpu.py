@@ -641,6 +641,9 @@ def evaluate(checkpoint_path, eval_episodes, device, capture_video=False):
             returns.append(float(infos["final_info"]["episode"]["r"][0]))
     envs.close()
     if capture_video:
+        unplayed = f"videos/{checkpoint['run_name']}-eval/rl-video-episode-{len(returns)}.mp4"
+        if os.path.exists(unplayed):  # the reset after the last episode began recording one more: a frame, not played
+            os.remove(unplayed)
         print(f"videos of the evaluation in videos/{checkpoint['run_name']}-eval/")
     return returns
 
@@ -890,9 +893,13 @@ if __name__ == "__main__":
         print(f"rank {rank}: parameters bit-identical on all {world_size} ranks", flush=True)
     envs.close()
     writer.close()
-    if dist.is_initialized():  # gloo's and nccl's threads end before the interpreter does
+    distributed = dist.is_initialized()
+    if distributed:  # gloo's and nccl's threads end before the interpreter does
         dist.destroy_process_group()
     exit_code = 128 + stop.signum if stop.signum else 0
     if args.track and rank == 0:
         wandb.finish(exit_code=exit_code)
+    if distributed:  # all is written: skip the interpreter's teardown, where a rank can abort (SIGABRT) under load
+        sys.stdout.flush(), sys.stderr.flush()
+        os._exit(exit_code)
     sys.exit(exit_code)

@@ -78,4 +78,4 @@ def test_diff_against_ppo_atari_stays_small():
     a = (ROOT / "ppo_atari.py").read_text().splitlines()
     b = SCRIPT.read_text().splitlines()
     changed = [x for x in difflib.unified_diff(a, b, lineterm="") if x[:1] in "+-" and not x.startswith(("+++", "---"))]
-    assert 0 < len(changed) <= 130  # 120 until issue 15 (rank 0 checks the run dir; the group is destroyed at exit)
+    assert 0 < len(changed) <= 135  # 120 until issue 15 (run dir check, group destroyed), 130 until the exit skipped teardown

@@ -524,6 +524,10 @@ def test_evaluate_records_videos_and_plays_the_same_episodes_again(tmp_path):
     assert len(plays[0]) == 3 and plays[0] == plays[1]  # sampled actions, yet seeded: the same three episodes
     videos = sorted(p.name for p in (tmp_path / "videos" / f"{run_dir.name}-eval").glob("*.mp4"))
     assert videos == ["rl-video-episode-0.mp4", "rl-video-episode-1.mp4"]  # RecordVideo's schedule: 0, 1, 8, ...
+    (tmp_path / "one").mkdir()  # one episode: the reset after it begins episode 1's video, which must not be left behind
+    res = run_script("ppo.py", "--eval-checkpoint", ckpt, "--eval-episodes", 1, "--capture-video", cwd=tmp_path / "one")
+    assert res.returncode == 0, res.stderr
+    assert [p.name for p in (tmp_path / "one" / "videos").rglob("*.mp4")] == ["rl-video-episode-0.mp4"]
     assert len(list((tmp_path / "wandb").glob("offline-run-*"))) == wandb_runs  # the run's --track is not replayed
 
 
