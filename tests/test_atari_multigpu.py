@@ -42,12 +42,19 @@ def test_torchrun_with_one_rank_still_makes_the_process_group(tmp_path):
     assert "rank 0: parameters bit-identical on all 1 ranks" in res.stdout, res.stdout
 
 
-def test_without_torchrun_it_is_one_process(tmp_path):
-    res = run_script("ppo_atari_multigpu.py", *TINY, cwd=tmp_path)
+def test_without_torchrun_it_is_one_process_and_its_checkpoint_plays(tmp_path):
+    res = run_script("ppo_atari_multigpu.py", *TINY, "--save-model", "--max-episode-frames", 400, cwd=tmp_path)
     assert res.returncode == 0, res.stderr
     assert "bit-identical" not in res.stdout  # nothing to compare with a single rank
     (run_dir,) = run_dirs(tmp_path)
     assert [s for s, _ in read_scalars(run_dir)["charts/learning_rate"]] == [128, 256]
+    plays = []
+    for _ in range(2):  # the checkpoint's 400-frame games: short; seeded, so played alike twice
+        res = run_script(SCRIPT.name, "--eval-checkpoint", run_dir / "checkpoint.pt", "--eval-episodes", 2, cwd=tmp_path)
+        assert res.returncode == 0, res.stderr
+        (line,) = [line for line in res.stdout.splitlines() if line.startswith("eval: each episode's return")]
+        plays.append([float(r) for r in line.split(":")[-1].split()])
+    assert len(plays[0]) == 2 and plays[0] == plays[1]
 
 
 def test_envs_that_do_not_split_over_the_ranks_are_refused(tmp_path):
