@@ -899,7 +899,9 @@ if __name__ == "__main__":
     exit_code = 128 + stop.signum if stop.signum else 0
     if args.track and rank == 0:
         wandb.finish(exit_code=exit_code)
-    if distributed:  # all is written: skip the interpreter's teardown, where a rank can abort (SIGABRT) under load
+    # all is written: exit now, without the interpreter's teardown (gloo's worker thread may still be freeing the last
+    # all-reduce's tensors, which takes the GIL: during the teardown that aborts the process, SIGABRT)
+    if distributed:
         sys.stdout.flush(), sys.stderr.flush()
         os._exit(exit_code)
     sys.exit(exit_code)
