@@ -5,6 +5,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import torch
@@ -55,6 +56,8 @@ def test_sigterm_to_one_rank_stops_every_rank_after_the_same_rollout_with_a_chec
            *map(str, [*TINY[:-1], 100000, "--save-model"])]  # fmt: skip
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    deadline = threading.Timer(180, proc.kill)  # a run that never logs must not hang the suite: its output then ends
+    deadline.start()
     try:
         out = ""
         while not out.endswith("\n") or "step 128/" not in out:  # rank 0 logged iteration 1: both ranks train
@@ -64,6 +67,7 @@ def test_sigterm_to_one_rank_stops_every_rank_after_the_same_rollout_with_a_chec
         os.kill(rank_pid(proc.pid, 1), signal.SIGTERM)
         out += proc.communicate(timeout=120)[0]
     finally:
+        deadline.cancel()
         proc.kill()
     assert out.count("SIGTERM received: stopping after a checkpoint") == 1, out  # rank 1's; rank 0 follows it
     (run_dir,) = run_dirs(tmp_path)
