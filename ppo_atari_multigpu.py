@@ -895,8 +895,6 @@ if __name__ == "__main__":
     writer.close()
     distributed = dist.is_initialized()
     if distributed:  # gloo's and nccl's threads end before the interpreter does
-        if rng_at_start is not None:  # not after a second signal: wait for rank 0's checkpoint (torchrun kills the
-            dist.barrier()  # other ranks once one has exited with an error code, as a stopped run does: 128 + signal)
         dist.destroy_process_group()
     exit_code = 128 + stop.signum if stop.signum else 0
     if args.track and rank == 0:
