@@ -41,7 +41,6 @@ SCENARIOS = {
     "MicrortsRandomEnemyShapedReward3-v1": ("randomAI", [5.0, 1.0, 1.0, 0.2, 1.0, 7.0, 0.2], 6000),
 }
 MAP = "maps/10x10/basesWorkers10x10.xml"
-INSTALL = "bash tools/install_microrts.sh (gym-microrts 0.6.0 and JPype1 without dependencies, and Java if missing)"
 
 
 @dataclass
@@ -130,98 +129,6 @@ class Args:
     """the mini-batch size (computed in runtime)"""
     num_iterations: int = 0
     """the number of iterations (computed in runtime)"""
-
-
-# the domain of each numeric flag, checked before anything starts: (field, test, what is allowed); NaN fails every test
-FLAG_DOMAINS = [
-    ("seed", lambda v: 0 <= v < 2**32, "an integer in [0, 2**32)"),
-    ("total_timesteps", lambda v: v >= 1, "at least 1"),
-    ("num_envs", lambda v: v >= 1, "at least 1"),
-    ("num_steps", lambda v: v >= 1, "at least 1"),
-    ("num_minibatches", lambda v: v >= 1, "at least 1"),
-    ("update_epochs", lambda v: v >= 1, "at least 1"),
-    ("learning_rate", lambda v: v >= 0, "at least 0"),
-    ("gamma", lambda v: 0 <= v <= 1, "in [0, 1]"),
-    ("gae_lambda", lambda v: 0 <= v <= 1, "in [0, 1]"),
-    ("clip_coef", lambda v: v >= 0, "at least 0"),
-    ("ent_coef", lambda v: v >= 0, "at least 0"),
-    ("vf_coef", lambda v: v >= 0, "at least 0"),
-    ("max_grad_norm", lambda v: v > 0, "above 0"),
-    ("adam_eps", lambda v: v > 0, "above 0 (ppo2: 1e-5)"),
-    ("noop_max", lambda v: v >= 0, "at least 0 (0: no no-op frames)"),
-    ("target_kl", lambda v: v is None or v > 0, "above 0 (or left out: no early stopping)"),
-    ("torch_threads", lambda v: v >= 0, "at least 0 (0: torch's default)"),
-    ("save_every", lambda v: v >= 0, "at least 0 (0: a checkpoint only at the end)"),
-    ("eval_episodes", lambda v: v >= 1, "at least 1"),
-    ("max_episode_frames", lambda v: v >= 1, "at least 1 (ppo2: 400000)"),
-    ("frame_stack", lambda v: v >= 1, "at least 1"),
-]
-
-
-def domain_error(args):
-    """A one-line error for the first flag outside its domain (the flag, its value, what is allowed), else None."""
-    for field, ok, allowed in FLAG_DOMAINS:
-        if hasattr(args, field) and not ok(getattr(args, field)):
-            return f"--{field.replace('_', '-')} {getattr(args, field)} is not allowed: it must be {allowed}"
-    return None
-
-
-def missing_piece_error(args):
-    """A one-line error naming what to install or set for an optional piece the flags ask for, else None."""
-    if args.capture_video and importlib.util.find_spec("moviepy") is None:
-        return "--capture-video needs moviepy to encode the videos: pip install moviepy==2.2.1 (as in requirements.txt)"
-    if args.track and os.environ.get("WANDB_MODE", "").lower() not in ("offline", "disabled", "dryrun"):
-        if importlib.util.find_spec("wandb") is None:
-            return "--track needs wandb: pip install wandb==0.31.0 (as in requirements.txt)"
-        host = urllib.parse.urlparse(os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")).hostname
-        try:
-            logged_in = netrc.netrc(os.environ.get("NETRC")).authenticators(host) is not None
-        except (OSError, netrc.NetrcParseError):
-            logged_in = False
-        if not (os.environ.get("WANDB_API_KEY") or logged_in):
-            return "--track needs wandb credentials: run `wandb login` or set WANDB_API_KEY; or set WANDB_MODE=offline"
-    return None
-
-
-def check_args(args):
-    """Fill the computed fields; return a one-line error for settings that cannot train, else None."""
-    batch_size = int(args.num_envs * args.num_steps)
-    computed = {"batch_size": batch_size, "minibatch_size": int(batch_size // max(args.num_minibatches, 1))}
-    computed["num_iterations"] = args.total_timesteps // max(batch_size, 1)
-    for field, value in computed.items():
-        if getattr(args, field) not in (0, value):  # given on the command line: it would be silently overwritten
-            return f"--{field.replace('_', '-')} is computed from the other flags ({value} here), not set; drop it"
-        setattr(args, field, value)
-    error = domain_error(args) or missing_piece_error(args)
-    if error:
-        return error
-    if args.batch_size % args.num_minibatches != 0:
-        return (
-            f"--num-minibatches {args.num_minibatches} does not divide the batch of {args.batch_size} "
-            f"(num_envs {args.num_envs} x num_steps {args.num_steps}); pick a divisor of {args.batch_size}"
-        )
-    if args.total_timesteps < args.batch_size:
-        return (
-            f"--total-timesteps {args.total_timesteps} is smaller than one batch ({args.batch_size} = "
-            f"num_envs x num_steps); raise it to at least {args.batch_size}"
-        )
-    if args.env_id not in SCENARIOS:
-        return f"unknown MicroRTS scenario '{args.env_id}'; choose one of {', '.join(SCENARIOS)}"
-    if microrts_ai is None:
-        return f"gym-microrts is not installed; install it with: {INSTALL}"
-    if not shutil.which("java") and not os.environ.get("JAVA_HOME"):
-        return f"no Java runtime found (MicroRTS runs in a JVM); install one with: {INSTALL}"
-    if args.capture_video:
-        return "--capture-video is not supported: MicroRTS renders only in a Java window (X display); drop the flag"
-    return None
-
-
-def check_env(envs):
-    """Return a one-line error when this script cannot handle the environment, else None."""
-    space = envs.single_action_space
-    if not isinstance(space, gym.spaces.MultiDiscrete) or space.nvec.ndim != 2 or (space.nvec != space.nvec[0]).any():
-        return f"{os.path.basename(__file__)} needs a MultiDiscrete action space with the same row in every cell, not {space}"
-    return None
 
 
 class MicroRTSVecEnv(MicroRTSGridModeVecEnv):
@@ -412,6 +319,264 @@ def gradient_step(optimizer, loss, max_grad_norm, clip=True):
     optimizer.step()
 
 
+def train(args, run):
+    """The PPO loop, CleanRL's order; `run` (below the fence) does the plumbing: checks, logs, resume, stop, checkpoints."""
+    # TRY NOT TO MODIFY: seeding
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    torch.backends.cudnn.deterministic = args.torch_deterministic
+    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+
+    # env setup
+    envs = run.check_env(make_envs(args, run.name))  # one line naming the script to use, if this one cannot take them
+
+    agent = Agent(envs).to(device)
+    if not args.orthogonal_init:  # core-2 switched off: PyTorch's own init
+        torch_default_init(agent)
+    if args.channels_last:  # speed: oneDNN's NHWC convolution kernels (the same math, rounded differently)
+        agent = agent.to(memory_format=torch.channels_last)
+    optimizer = make_optimizer(agent, args)
+    start_iteration = run.restore(agent, optimizer)  # --resume: the weights, Adam's state and the RNG states
+    global_step = (start_iteration - 1) * args.batch_size
+    writer = run.open_writer()  # TensorBoard in runs/{run_name} (+ wandb with --track); a resumed run's curves go on
+
+    # ALGO Logic: Storage setup
+    # observations stored as uint8, as ppo2 does (4x less memory than float32)
+    obs = torch.zeros((args.num_steps, args.num_envs) + envs.single_observation_space.shape, dtype=torch.uint8).to(device)
+    actions = torch.zeros((args.num_steps, args.num_envs) + envs.single_action_space.shape).to(device)
+    logprobs = torch.zeros((args.num_steps, args.num_envs)).to(device)
+    rewards = torch.zeros((args.num_steps, args.num_envs)).to(device)
+    dones = torch.zeros((args.num_steps, args.num_envs)).to(device)
+    units = torch.zeros((args.num_steps, args.num_envs, len(envs.single_action_space.nvec)), dtype=torch.bool).to(device)
+    values = torch.zeros((args.num_steps, args.num_envs)).to(device)
+    # detail aux-4: the masks of the rollout are stored with it and reused in training
+    mask_shape = (len(envs.single_action_space.nvec), int(envs.single_action_space.nvec[0].sum()))  # (cells, 78)
+    masks = torch.zeros((args.num_steps, args.num_envs) + mask_shape, dtype=torch.bool).to(device)
+
+    # TRY NOT TO MODIFY: start the game
+    start_time, start_step, last_print, recent_returns = time.time(), global_step, 0.0, []
+    next_obs, _ = envs.reset(seed=run.env_seed())  # --seed; on resume a seed drawn now: the episodes start anew
+    next_obs = torch.as_tensor(next_obs, device=device)
+    next_done = torch.zeros(args.num_envs).to(device)
+    next_units = torch.as_tensor(envs.get_unit_mask(), device=device).bool()
+    next_mask = torch.as_tensor(envs.get_action_mask(), device=device).bool()
+
+    for iteration in run.iterations(start_iteration, device):  # ends early after Ctrl-C / SIGTERM
+        # detail core-4: learning-rate annealing, linearly from lr to 0 over the iterations
+        frac = 1.0 - (iteration - 1.0) / args.num_iterations
+        if args.anneal_lr:
+            optimizer.param_groups[0]["lr"] = frac * args.learning_rate
+        # detail aux-1: clip-range annealing, same schedule as the learning rate (off by default)
+        clip_coef = frac * args.clip_coef if args.anneal_clip else args.clip_coef
+
+        for step in range(args.num_steps):
+            if run.stop.signum:  # Ctrl-C / SIGTERM: this rollout is dropped (the checkpoint is of the iteration before)
+                break
+            global_step += args.num_envs
+            obs[step] = next_obs
+            dones[step] = next_done
+            units[step] = next_units
+            masks[step] = next_mask
+
+            # ALGO LOGIC: action logic
+            with torch.inference_mode():
+                action, logprob, _, value = agent.get_action_and_value(next_obs, units=next_units, mask=next_mask)
+                values[step] = value.flatten()
+            actions[step] = action
+            logprobs[step] = logprob
+
+            # TRY NOT TO MODIFY: execute the game and log data.
+            next_obs, reward, terminations, truncations, infos = envs.step(action.cpu().numpy())
+            rewards[step] = torch.as_tensor(reward, device=device)
+            next_obs = torch.as_tensor(next_obs, device=device)
+            next_done = torch.as_tensor(np.logical_or(terminations, truncations), device=device, dtype=torch.float32)
+            next_units = torch.as_tensor(envs.get_unit_mask(), device=device).bool()
+            next_mask = torch.as_tensor(envs.get_action_mask(), device=device).bool()
+
+            if "episode" in infos.get("final_info", {}):  # an episode ended (Atari: a game, not a life)
+                ended, episode = infos["final_info"]["_episode"], infos["final_info"]["episode"]
+                for r, length in zip(episode["r"][ended], episode["l"][ended]):
+                    writer.add_scalar("charts/episodic_return", r, global_step)
+                    writer.add_scalar("charts/episodic_length", length, global_step)
+                    recent_returns = (recent_returns + [float(r)])[-20:]
+        if run.stopping():  # a stop request: no update from a partial rollout
+            break
+
+        # bootstrap value if not done
+        with torch.no_grad():
+            next_value = agent.get_value(next_obs).reshape(1, -1)
+            advantages, returns = compute_gae(rewards, values, dones, next_value, next_done, args.gamma, args.gae_lambda)
+
+        # flatten the batch
+        b_obs = obs.reshape((-1,) + envs.single_observation_space.shape)
+        b_logprobs = logprobs.reshape(-1)
+        b_actions = actions.reshape((-1,) + envs.single_action_space.shape).long()
+        b_advantages = advantages.reshape(-1)
+        b_returns = returns.reshape(-1)
+        b_values = values.reshape(-1)
+        b_units = units.reshape((-1,) + units.shape[2:])
+        b_masks = masks.reshape((-1,) + masks.shape[2:])
+
+        # Optimizing the policy and value network
+        b_inds = np.arange(args.batch_size)
+        stats = []
+        for _epoch in range(args.update_epochs):
+            for mb_inds in minibatches(b_inds, args.minibatch_size, args.shuffle_minibatches):
+                mb_inds = torch.from_numpy(mb_inds).to(device)
+                _, newlogprob, entropy, newvalue = agent.get_action_and_value(
+                    b_obs[mb_inds], b_actions[mb_inds], b_units[mb_inds], b_masks[mb_inds]
+                )
+                loss, *mb_stats = ppo_loss(
+                    newlogprob,
+                    entropy,
+                    newvalue,
+                    b_logprobs[mb_inds],
+                    b_advantages[mb_inds],
+                    b_returns[mb_inds],
+                    b_values[mb_inds],
+                    args,
+                    clip_coef,
+                )
+                gradient_step(optimizer, loss, args.max_grad_norm, args.clip_grad_norm)
+                stats.append(torch.stack(mb_stats))
+
+            # detail aux-3: target-KL early stopping, once per epoch: the epoch's last minibatch's KL > target ends it
+            if args.target_kl is not None and mb_stats[4].item() > args.target_kl:
+                break
+
+        # detail core-12: debug variables, means over the update's minibatches (as ppo2 logs them)
+        pg_loss, v_loss, entropy_loss, old_approx_kl, approx_kl, clipfrac = torch.stack(stats).mean(0).tolist()
+        y_pred, y_true = b_values.cpu().numpy(), b_returns.cpu().numpy()
+        var_y = np.var(y_true)
+        explained_var = np.nan if var_y == 0 else 1 - np.var(y_true - y_pred) / var_y
+
+        # TRY NOT TO MODIFY: record rewards for plotting purposes
+        writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
+        writer.add_scalar("charts/clip_coef", clip_coef, global_step)
+        writer.add_scalar("charts/update_epochs", len(stats) / args.num_minibatches, global_step)
+        writer.add_scalar("losses/value_loss", v_loss, global_step)
+        writer.add_scalar("losses/policy_loss", pg_loss, global_step)
+        writer.add_scalar("losses/entropy", entropy_loss, global_step)
+        writer.add_scalar("losses/old_approx_kl", old_approx_kl, global_step)
+        writer.add_scalar("losses/approx_kl", approx_kl, global_step)
+        writer.add_scalar("losses/clipfrac", clipfrac, global_step)
+        writer.add_scalar("losses/explained_variance", explained_var, global_step)
+        sps = int((global_step - start_step) / (time.time() - start_time))
+        writer.add_scalar("charts/SPS", sps, global_step)
+        if time.time() - last_print > 10 or iteration == args.num_iterations:
+            last_print = time.time()
+            recent = f"{np.mean(recent_returns):.1f}" if recent_returns else "n/a"
+            print(
+                f"step {global_step}/{args.num_iterations * args.batch_size} | return {recent} (last 20) | SPS {sps}",
+                flush=True,
+            )
+        run.iteration_done(iteration, agent, optimizer)  # --save-model: a checkpoint every --save-every iterations
+
+    run.save_if_stopped(agent, optimizer)  # after Ctrl-C / SIGTERM: the last whole iteration, to continue with --resume
+    envs.close()
+    writer.close()
+
+
+# ==== plumbing, not PPO: checks, checkpoints, resume, signals, evaluation ====
+# this script's own plumbing; the rest of this section is the same in every script (tools/lineage.py --check-shared)
+OWN_PLUMBING = ["check_args", "check_env", "evaluate", "INSTALL"]
+
+INSTALL = "bash tools/install_microrts.sh (gym-microrts 0.6.0 and JPype1 without dependencies, and Java if missing)"
+
+
+# the domain of each numeric flag, checked before anything starts: (field, test, what is allowed); NaN fails every test
+FLAG_DOMAINS = [
+    ("seed", lambda v: 0 <= v < 2**32, "an integer in [0, 2**32)"),
+    ("total_timesteps", lambda v: v >= 1, "at least 1"),
+    ("num_envs", lambda v: v >= 1, "at least 1"),
+    ("num_steps", lambda v: v >= 1, "at least 1"),
+    ("num_minibatches", lambda v: v >= 1, "at least 1"),
+    ("update_epochs", lambda v: v >= 1, "at least 1"),
+    ("learning_rate", lambda v: v >= 0, "at least 0"),
+    ("gamma", lambda v: 0 <= v <= 1, "in [0, 1]"),
+    ("gae_lambda", lambda v: 0 <= v <= 1, "in [0, 1]"),
+    ("clip_coef", lambda v: v >= 0, "at least 0"),
+    ("ent_coef", lambda v: v >= 0, "at least 0"),
+    ("vf_coef", lambda v: v >= 0, "at least 0"),
+    ("max_grad_norm", lambda v: v > 0, "above 0"),
+    ("adam_eps", lambda v: v > 0, "above 0 (ppo2: 1e-5)"),
+    ("noop_max", lambda v: v >= 0, "at least 0 (0: no no-op frames)"),
+    ("target_kl", lambda v: v is None or v > 0, "above 0 (or left out: no early stopping)"),
+    ("torch_threads", lambda v: v >= 0, "at least 0 (0: torch's default)"),
+    ("save_every", lambda v: v >= 0, "at least 0 (0: a checkpoint only at the end)"),
+    ("eval_episodes", lambda v: v >= 1, "at least 1"),
+    ("max_episode_frames", lambda v: v >= 1, "at least 1 (ppo2: 400000)"),
+    ("frame_stack", lambda v: v >= 1, "at least 1"),
+]
+
+
+def domain_error(args):
+    """A one-line error for the first flag outside its domain (the flag, its value, what is allowed), else None."""
+    for field, ok, allowed in FLAG_DOMAINS:
+        if hasattr(args, field) and not ok(getattr(args, field)):
+            return f"--{field.replace('_', '-')} {getattr(args, field)} is not allowed: it must be {allowed}"
+    return None
+
+
+def missing_piece_error(args):
+    """A one-line error naming what to install or set for an optional piece the flags ask for, else None."""
+    if args.capture_video and importlib.util.find_spec("moviepy") is None:
+        return "--capture-video needs moviepy to encode the videos: pip install moviepy==2.2.1 (as in requirements.txt)"
+    if args.track and os.environ.get("WANDB_MODE", "").lower() not in ("offline", "disabled", "dryrun"):
+        if importlib.util.find_spec("wandb") is None:
+            return "--track needs wandb: pip install wandb==0.31.0 (as in requirements.txt)"
+        host = urllib.parse.urlparse(os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")).hostname
+        try:
+            logged_in = netrc.netrc(os.environ.get("NETRC")).authenticators(host) is not None
+        except (OSError, netrc.NetrcParseError):
+            logged_in = False
+        if not (os.environ.get("WANDB_API_KEY") or logged_in):
+            return "--track needs wandb credentials: run `wandb login` or set WANDB_API_KEY; or set WANDB_MODE=offline"
+    return None
+
+
+def check_args(args):
+    """Fill the computed fields; return a one-line error for settings that cannot train, else None."""
+    batch_size = int(args.num_envs * args.num_steps)
+    computed = {"batch_size": batch_size, "minibatch_size": int(batch_size // max(args.num_minibatches, 1))}
+    computed["num_iterations"] = args.total_timesteps // max(batch_size, 1)
+    for field, value in computed.items():
+        if getattr(args, field) not in (0, value):  # given on the command line: it would be silently overwritten
+            return f"--{field.replace('_', '-')} is computed from the other flags ({value} here), not set; drop it"
+        setattr(args, field, value)
+    error = domain_error(args) or missing_piece_error(args)
+    if error:
+        return error
+    if args.batch_size % args.num_minibatches != 0:
+        return (
+            f"--num-minibatches {args.num_minibatches} does not divide the batch of {args.batch_size} "
+            f"(num_envs {args.num_envs} x num_steps {args.num_steps}); pick a divisor of {args.batch_size}"
+        )
+    if args.total_timesteps < args.batch_size:
+        return (
+            f"--total-timesteps {args.total_timesteps} is smaller than one batch ({args.batch_size} = "
+            f"num_envs x num_steps); raise it to at least {args.batch_size}"
+        )
+    if args.env_id not in SCENARIOS:
+        return f"unknown MicroRTS scenario '{args.env_id}'; choose one of {', '.join(SCENARIOS)}"
+    if microrts_ai is None:
+        return f"gym-microrts is not installed; install it with: {INSTALL}"
+    if not shutil.which("java") and not os.environ.get("JAVA_HOME"):
+        return f"no Java runtime found (MicroRTS runs in a JVM); install one with: {INSTALL}"
+    if args.capture_video:
+        return "--capture-video is not supported: MicroRTS renders only in a Java window (X display); drop the flag"
+    return None
+
+
+def check_env(envs):
+    """Return a one-line error when this script cannot handle the environment, else None."""
+    space = envs.single_action_space
+    if not isinstance(space, gym.spaces.MultiDiscrete) or space.nvec.ndim != 2 or (space.nvec != space.nvec[0]).any():
+        return f"{os.path.basename(__file__)} needs a MultiDiscrete action space with the same row in every cell, not {space}"
+    return None
+
+
 def rng_states():
     """The RNG states of python, numpy and torch as tensors and plain types (loadable with weights_only=True)."""
     np_state = np.random.get_state()
@@ -450,6 +615,10 @@ def save_checkpoint(path, agent, optimizer, args, run_name, iteration, rng, wand
         torch.save(checkpoint, tmp_path)
         os.replace(tmp_path, path)
         return True
+    except KeyboardInterrupt:  # a second signal during the write: no half-written file is left behind
+        if os.path.exists(tmp_path):
+            os.remove(tmp_path)
+        raise
     except (OSError, RuntimeError) as e:  # torch reports a failed write as RuntimeError
         if os.path.exists(tmp_path):
             os.remove(tmp_path)
@@ -559,12 +728,148 @@ def evaluate(checkpoint_path, eval_episodes, device, capture_video=False):
     return returns
 
 
-if __name__ == "__main__":
+class Run:
+    """The plumbing that train() calls: the run's name and folder, its logs, --resume, the stop request, checkpoints."""
+
+    def __init__(self, args, checkpoint=None):
+        self.args, self.checkpoint = args, checkpoint  # checkpoint: the one --resume continues, else None
+        run_name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
+        self.name = checkpoint["run_name"] if checkpoint else run_name
+        self.checkpoint_path = f"runs/{self.name}/checkpoint.pt"
+        self.wandb_id = checkpoint["wandb_id"] if checkpoint else None
+        self.envs = self.writer = self.stop = self.at_start = self.signum = None
+        self.tracked = False
+        self.start_iteration = self.iteration = self.completed = 1
+
+    def fail(self, error):
+        """Exit with a one-line error, the environments closed."""
+        if self.envs is not None:
+            self.envs.close()
+        sys.exit(f"error: {error}")
+
+    def check_env(self, envs):
+        self.envs = envs
+        error = check_env(envs)
+        if error:
+            self.fail(error)
+        return envs
+
+    def restore(self, agent, optimizer):
+        """The first iteration to run; with --resume, the checkpoint's weights, Adam's state and RNG states loaded."""
+        if self.checkpoint:
+            try:
+                agent.load_state_dict(self.checkpoint["model"])
+                optimizer.load_state_dict(self.checkpoint["optimizer"])
+            except (RuntimeError, ValueError, KeyError) as e:
+                self.fail(f"'{self.args.resume}' does not fit this network: {str(e).strip().splitlines()[0]}")
+            self.start_iteration = self.checkpoint["iteration"] + 1
+            set_rng_states(self.checkpoint["rng"])
+        self.completed = self.start_iteration - 1
+        return self.start_iteration
+
+    def open_writer(self):
+        """The run folder (writable, or one line before anything is trained), wandb with --track, then TensorBoard."""
+        try:
+            os.makedirs(f"runs/{self.name}", exist_ok=True)
+            with tempfile.TemporaryFile(dir=f"runs/{self.name}"):
+                pass
+        except OSError as e:
+            self.fail(f"cannot write the run directory runs/{self.name} ({e.strerror or e}); run from a writable folder")
+        if self.args.track:
+            import wandb
+
+            wandb.init(
+                project=self.args.wandb_project_name,
+                entity=self.args.wandb_entity,
+                sync_tensorboard=True,
+                config=vars(self.args),
+                name=self.name,
+                id=self.wandb_id,
+                resume="allow",
+                save_code=True,
+            )
+            self.wandb_id, self.tracked = wandb.run.id, True
+        # on resume, the events an interrupted run logged after its checkpoint are purged
+        purge_step = (self.start_iteration - 1) * self.args.batch_size + 1 if self.checkpoint else None
+        self.writer = SummaryWriter(f"runs/{self.name}", purge_step=purge_step)
+        if not self.checkpoint:
+            self.writer.add_text(
+                "hyperparameters",
+                "|param|value|\n|-|-|\n%s" % ("\n".join([f"|{key}|{value}|" for key, value in vars(self.args).items()])),
+            )
+        return self.writer
+
+    def env_seed(self):
+        """The seed of the first reset: --seed; on resume one drawn from the restored generator (the episodes restart)."""
+        return int(np.random.randint(2**31 - 1)) if self.checkpoint else self.args.seed
+
+    def iterations(self, start_iteration, device):
+        """The iterations to run, until the last or a stop request (Ctrl-C / SIGTERM, caught from here on)."""
+        self.stop = StopRequest()
+        print(
+            f"training {self.name} on {device}: iterations {start_iteration}..{self.args.num_iterations} of "
+            f"{self.args.batch_size} steps",
+            flush=True,
+        )
+        for iteration in range(start_iteration, self.args.num_iterations + 1):
+            if self.stopping():
+                return
+            # a rollout cut short checkpoints the iteration before it, with the state at its start
+            self.iteration, self.at_start = iteration, self.snapshot()
+            yield iteration
+
+    def stopping(self):
+        return self.stop.signum is not None
+
+    def snapshot(self):
+        """What a checkpoint holds beside the weights and Adam's state (the RNG states, ...), taken now."""
+        return {"rng": rng_states()}
+
+    def save(self, iteration, agent, optimizer, state):
+        """Write a checkpoint of `iteration` with `state` (a snapshot); False if it could not be written."""
+        rng, path = state["rng"], self.checkpoint_path
+        return save_checkpoint(path, agent, optimizer, self.args, self.name, iteration, rng, self.wandb_id)
+
+    def iteration_done(self, iteration, agent, optimizer):
+        """With --save-model, a checkpoint every --save-every iterations and after the last."""
+        self.completed = iteration
+        at_save_point = self.args.save_every and iteration % self.args.save_every == 0
+        if self.args.save_model and (at_save_point or iteration == self.args.num_iterations):
+            self.save(iteration, agent, optimizer, self.snapshot())
+
+    def save_if_stopped(self, agent, optimizer):
+        """After a stop request: a checkpoint of the last completed iteration (no lost work), and how to continue."""
+        if self.stopping() and self.at_start is not None and self.completed >= self.start_iteration:
+            state = self.snapshot() if self.completed == self.iteration else self.at_start
+            if self.save(self.completed, agent, optimizer, state):
+                step = self.completed * self.args.batch_size
+                print(f"checkpoint of iteration {self.completed} (step {step}) written to {self.checkpoint_path}")
+                print(f"continue with: python {os.path.basename(__file__)} --resume {self.checkpoint_path}")
+
+    def close(self):
+        """After a second signal (stop at once): the environments and the logs closed, no checkpoint."""
+        self.signum = (self.stop.signum if self.stop else None) or signal.SIGINT
+        for closable in (self.envs, self.writer):
+            if closable is not None:
+                closable.close()
+
+    def finish(self):
+        """Exit: 0, or 128 + the signal that stopped the run; wandb is told."""
+        signum = self.signum or (self.stop.signum if self.stop else None)
+        exit_code = 128 + signum if signum else 0
+        if self.tracked:
+            import wandb
+
+            wandb.finish(exit_code=exit_code)
+        sys.exit(exit_code)
+
+
+def main():
     args = tyro.cli(Args)
-    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
     if args.eval_checkpoint:
         if args.eval_episodes < 1:
             sys.exit(f"error: --eval-episodes is {args.eval_episodes}; evaluate at least 1 episode")
+        device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
         returns = evaluate(args.eval_checkpoint, args.eval_episodes, device, args.capture_video)
         print(f"eval: {len(returns)} episodes, mean return {np.mean(returns):.2f} +- {np.std(returns):.2f}")
         print("eval: each episode's return, in order:", " ".join(f"{r:g}" for r in returns))
@@ -578,234 +883,20 @@ if __name__ == "__main__":
     error = check_args(args)
     if error:
         sys.exit(f"error: {error}")
-    run_name = checkpoint["run_name"] if checkpoint else f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
+    run = Run(args, checkpoint)
     if checkpoint and checkpoint["iteration"] >= args.num_iterations:
-        print(f"{run_name} is complete ({checkpoint['global_step']} steps); a larger --total-timesteps extends it")
+        print(f"{run.name} is complete ({checkpoint['global_step']} steps); a larger --total-timesteps extends it")
         sys.exit(0)
-
-    # TRY NOT TO MODIFY: seeding
-    random.seed(args.seed)
-    np.random.seed(args.seed)
-    torch.manual_seed(args.seed)
-    torch.backends.cudnn.deterministic = args.torch_deterministic
     if args.torch_threads > 0:
         torch.set_num_threads(args.torch_threads)  # speed: tiny matmuls lose more to thread hand-offs than they gain
-
-    # env setup
     try:
-        envs = make_envs(args, run_name)
+        train(args, run)
     except gym.error.DependencyNotInstalled as e:  # e.g. Box2D for LunarLander: gymnasium's message says what to install
-        sys.exit(f"error: {args.env_id} needs a package that is not installed: {str(e).strip().splitlines()[0]}")
-    error = check_env(envs)
-    if error:
-        envs.close()
-        sys.exit(f"error: {error}")
+        run.fail(f"{args.env_id} needs a package that is not installed: {str(e).strip().splitlines()[0]}")
+    except KeyboardInterrupt:  # a second signal (or Ctrl-C before the loop): stop at once, the logs closed
+        run.close()
+    run.finish()
 
-    agent = Agent(envs).to(device)
-    if not args.orthogonal_init:  # core-2 switched off: PyTorch's own init
-        torch_default_init(agent)
-    if args.channels_last:  # speed: oneDNN's NHWC convolution kernels (the same math, rounded differently)
-        agent = agent.to(memory_format=torch.channels_last)
-    optimizer = make_optimizer(agent, args)
-    start_iteration, wandb_id = 1, None
-    if checkpoint:
-        try:
-            agent.load_state_dict(checkpoint["model"])
-            optimizer.load_state_dict(checkpoint["optimizer"])
-        except (RuntimeError, ValueError, KeyError) as e:
-            sys.exit(f"error: '{args.resume}' does not fit this network: {str(e).strip().splitlines()[0]}")
-        start_iteration, wandb_id = checkpoint["iteration"] + 1, checkpoint["wandb_id"]
-        set_rng_states(checkpoint["rng"])
-    global_step = (start_iteration - 1) * args.batch_size
-    try:  # the run directory must be writable before anything is trained
-        os.makedirs(f"runs/{run_name}", exist_ok=True)
-        with tempfile.TemporaryFile(dir=f"runs/{run_name}"):
-            pass
-    except OSError as e:
-        envs.close()
-        sys.exit(f"error: cannot write the run directory runs/{run_name} ({e.strerror or e}); run from a writable folder")
 
-    if args.track:
-        import wandb
-
-        wandb.init(
-            project=args.wandb_project_name,
-            entity=args.wandb_entity,
-            sync_tensorboard=True,
-            config=vars(args),
-            name=run_name,
-            id=wandb_id,
-            resume="allow",
-            save_code=True,
-        )
-        wandb_id = wandb.run.id
-    # on resume, the events an interrupted run logged after its checkpoint are purged
-    writer = SummaryWriter(f"runs/{run_name}", purge_step=global_step + 1 if checkpoint else None)
-    if not checkpoint:
-        writer.add_text(
-            "hyperparameters",
-            "|param|value|\n|-|-|\n%s" % ("\n".join([f"|{key}|{value}|" for key, value in vars(args).items()])),
-        )
-    checkpoint_path = f"runs/{run_name}/checkpoint.pt"
-
-    # ALGO Logic: Storage setup
-    # observations stored as uint8, as ppo2 does (4x less memory than float32)
-    obs = torch.zeros((args.num_steps, args.num_envs) + envs.single_observation_space.shape, dtype=torch.uint8).to(device)
-    actions = torch.zeros((args.num_steps, args.num_envs) + envs.single_action_space.shape).to(device)
-    logprobs = torch.zeros((args.num_steps, args.num_envs)).to(device)
-    rewards = torch.zeros((args.num_steps, args.num_envs)).to(device)
-    dones = torch.zeros((args.num_steps, args.num_envs)).to(device)
-    units = torch.zeros((args.num_steps, args.num_envs, len(envs.single_action_space.nvec)), dtype=torch.bool).to(device)
-    values = torch.zeros((args.num_steps, args.num_envs)).to(device)
-    # detail aux-4: the masks of the rollout are stored with it and reused in training
-    mask_shape = (len(envs.single_action_space.nvec), int(envs.single_action_space.nvec[0].sum()))  # (cells, 78)
-    masks = torch.zeros((args.num_steps, args.num_envs) + mask_shape, dtype=torch.bool).to(device)
-
-    # TRY NOT TO MODIFY: start the game
-    start_time, start_step, last_print, recent_returns = time.time(), global_step, 0.0, []
-    env_seed = int(np.random.randint(2**31 - 1)) if checkpoint else args.seed  # on resume, episodes restart
-    next_obs, _ = envs.reset(seed=env_seed)
-    next_obs = torch.as_tensor(next_obs, device=device)
-    next_done = torch.zeros(args.num_envs).to(device)
-    next_units = torch.as_tensor(envs.get_unit_mask(), device=device).bool()
-    next_mask = torch.as_tensor(envs.get_action_mask(), device=device).bool()
-    stop = StopRequest()
-    completed, rng_at_start = start_iteration - 1, None
-    print(
-        f"training {run_name} on {device}: iterations {start_iteration}..{args.num_iterations} of {args.batch_size} steps",
-        flush=True,
-    )
-
-    try:
-        for iteration in range(start_iteration, args.num_iterations + 1):
-            rng_at_start = rng_states()  # a rollout cut short checkpoints the iteration before it, with these
-            # detail core-4: learning-rate annealing, linearly from lr to 0 over the iterations
-            frac = 1.0 - (iteration - 1.0) / args.num_iterations
-            if args.anneal_lr:
-                optimizer.param_groups[0]["lr"] = frac * args.learning_rate
-            # detail aux-1: clip-range annealing, same schedule as the learning rate (off by default)
-            clip_coef = frac * args.clip_coef if args.anneal_clip else args.clip_coef
-
-            for step in range(args.num_steps):
-                if stop.signum:
-                    break
-                global_step += args.num_envs
-                obs[step] = next_obs
-                dones[step] = next_done
-                units[step] = next_units
-                masks[step] = next_mask
-
-                # ALGO LOGIC: action logic
-                with torch.inference_mode():
-                    action, logprob, _, value = agent.get_action_and_value(next_obs, units=next_units, mask=next_mask)
-                    values[step] = value.flatten()
-                actions[step] = action
-                logprobs[step] = logprob
-
-                # TRY NOT TO MODIFY: execute the game and log data.
-                next_obs, reward, terminations, truncations, infos = envs.step(action.cpu().numpy())
-                rewards[step] = torch.as_tensor(reward, device=device)
-                next_obs = torch.as_tensor(next_obs, device=device)
-                next_done = torch.as_tensor(np.logical_or(terminations, truncations), device=device, dtype=torch.float32)
-                next_units = torch.as_tensor(envs.get_unit_mask(), device=device).bool()
-                next_mask = torch.as_tensor(envs.get_action_mask(), device=device).bool()
-
-                if "episode" in infos.get("final_info", {}):  # an episode ended (Atari: a game, not a life)
-                    ended, episode = infos["final_info"]["_episode"], infos["final_info"]["episode"]
-                    for r, length in zip(episode["r"][ended], episode["l"][ended]):
-                        writer.add_scalar("charts/episodic_return", r, global_step)
-                        writer.add_scalar("charts/episodic_length", length, global_step)
-                        recent_returns = (recent_returns + [float(r)])[-20:]
-            if stop.signum:
-                break
-
-            # bootstrap value if not done
-            with torch.no_grad():
-                next_value = agent.get_value(next_obs).reshape(1, -1)
-                advantages, returns = compute_gae(rewards, values, dones, next_value, next_done, args.gamma, args.gae_lambda)
-
-            # flatten the batch
-            b_obs = obs.reshape((-1,) + envs.single_observation_space.shape)
-            b_logprobs = logprobs.reshape(-1)
-            b_actions = actions.reshape((-1,) + envs.single_action_space.shape).long()
-            b_advantages = advantages.reshape(-1)
-            b_returns = returns.reshape(-1)
-            b_values = values.reshape(-1)
-            b_units = units.reshape((-1,) + units.shape[2:])
-            b_masks = masks.reshape((-1,) + masks.shape[2:])
-
-            # Optimizing the policy and value network
-            b_inds = np.arange(args.batch_size)
-            stats = []
-            for _epoch in range(args.update_epochs):
-                for mb_inds in minibatches(b_inds, args.minibatch_size, args.shuffle_minibatches):
-                    mb_inds = torch.from_numpy(mb_inds).to(device)
-                    _, newlogprob, entropy, newvalue = agent.get_action_and_value(
-                        b_obs[mb_inds], b_actions[mb_inds], b_units[mb_inds], b_masks[mb_inds]
-                    )
-                    loss, *mb_stats = ppo_loss(
-                        newlogprob,
-                        entropy,
-                        newvalue,
-                        b_logprobs[mb_inds],
-                        b_advantages[mb_inds],
-                        b_returns[mb_inds],
-                        b_values[mb_inds],
-                        args,
-                        clip_coef,
-                    )
-                    gradient_step(optimizer, loss, args.max_grad_norm, args.clip_grad_norm)
-                    stats.append(torch.stack(mb_stats))
-
-                # detail aux-3: target-KL early stopping, once per epoch: the epoch's last minibatch's KL > target ends it
-                if args.target_kl is not None and mb_stats[4].item() > args.target_kl:
-                    break
-
-            # detail core-12: debug variables, means over the update's minibatches (as ppo2 logs them)
-            pg_loss, v_loss, entropy_loss, old_approx_kl, approx_kl, clipfrac = torch.stack(stats).mean(0).tolist()
-            y_pred, y_true = b_values.cpu().numpy(), b_returns.cpu().numpy()
-            var_y = np.var(y_true)
-            explained_var = np.nan if var_y == 0 else 1 - np.var(y_true - y_pred) / var_y
-            completed = iteration
-
-            # TRY NOT TO MODIFY: record rewards for plotting purposes
-            writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
-            writer.add_scalar("charts/clip_coef", clip_coef, global_step)
-            writer.add_scalar("charts/update_epochs", len(stats) / args.num_minibatches, global_step)
-            writer.add_scalar("losses/value_loss", v_loss, global_step)
-            writer.add_scalar("losses/policy_loss", pg_loss, global_step)
-            writer.add_scalar("losses/entropy", entropy_loss, global_step)
-            writer.add_scalar("losses/old_approx_kl", old_approx_kl, global_step)
-            writer.add_scalar("losses/approx_kl", approx_kl, global_step)
-            writer.add_scalar("losses/clipfrac", clipfrac, global_step)
-            writer.add_scalar("losses/explained_variance", explained_var, global_step)
-            sps = int((global_step - start_step) / (time.time() - start_time))
-            writer.add_scalar("charts/SPS", sps, global_step)
-            if time.time() - last_print > 10 or iteration == args.num_iterations:
-                last_print = time.time()
-                recent = f"{np.mean(recent_returns):.1f}" if recent_returns else "n/a"
-                print(
-                    f"step {global_step}/{args.num_iterations * args.batch_size} | return {recent} (last 20) | SPS {sps}",
-                    flush=True,
-                )
-
-            at_save_point = args.save_every and iteration % args.save_every == 0
-            if args.save_model and (at_save_point or iteration == args.num_iterations):
-                save_checkpoint(checkpoint_path, agent, optimizer, args, run_name, iteration, rng_states(), wandb_id)
-            if stop.signum:
-                break
-    except KeyboardInterrupt:  # a second signal: stop at once, still closing the logs (no checkpoint)
-        stop.signum, rng_at_start = stop.signum or signal.SIGINT, None
-    if stop.signum and rng_at_start is not None and completed >= start_iteration:
-        # no lost work: the state after the last completed iteration
-        rng = rng_states() if completed == iteration else rng_at_start
-        if save_checkpoint(checkpoint_path, agent, optimizer, args, run_name, completed, rng, wandb_id):
-            print(f"checkpoint of iteration {completed} (step {completed * args.batch_size}) written to {checkpoint_path}")
-            print(f"continue with: python {os.path.basename(__file__)} --resume {checkpoint_path}")
-
-    envs.close()
-    writer.close()
-    exit_code = 128 + stop.signum if stop.signum else 0
-    if args.track:
-        wandb.finish(exit_code=exit_code)
-    sys.exit(exit_code)
+if __name__ == "__main__":
+    main()

@@ -28,6 +28,7 @@ import ablate  # noqa: E402
 from _common import ABLATIONS, off_flags  # noqa: E402
 
 PRE_FLAGS_REV = "19cbb2e"  # the last commit before the ablation flags (issue 17)
+PRE_FENCE_REV = "2b9b42a"  # the last commit before the scripts put the algorithm first and fenced the plumbing (issue 22)
 ONE_THREAD = {"OMP_NUM_THREADS": "1"}
 ATARI_TINY = ["--num-envs", 2, "--num-steps", 32, "--num-minibatches", 2, "--total-timesteps", 128, "--torch-threads", 1]
 TINY = {
@@ -65,19 +66,67 @@ def scripts_with_microrts_mark():
     return [pytest.param(s, marks=needs_microrts) if s in MICRORTS else s for s in TINY]
 
 
-@pytest.mark.parametrize("script", scripts_with_microrts_mark())
-def test_with_every_flag_at_its_default_the_losses_are_bit_identical_to_before_the_flags(script, tmp_path):
+def script_at(rev, script, folder):
+    """The file `script` as it was at git revision `rev`, written into `folder` (skip where the clone lacks it)."""
     if shutil.which("git") is None:
-        pytest.fail("git is needed to read the scripts as they were before the flags")
-    old = tmp_path / f"old_{script}"
-    shown = subprocess.run(["git", "show", f"{PRE_FLAGS_REV}:{script}"], cwd=ROOT, capture_output=True, text=True)
+        pytest.fail("git is needed to read the scripts as they were at an earlier revision")
+    old = folder / f"old_{script}"
+    shown = subprocess.run(["git", "show", f"{rev}:{script}"], cwd=ROOT, capture_output=True, text=True)
     if shown.returncode != 0:
-        pytest.skip(f"revision {PRE_FLAGS_REV} is not in this clone (a shallow clone?): {shown.stderr.strip()}")
+        pytest.skip(f"revision {rev} is not in this clone (a shallow clone?): {shown.stderr.strip()}")
     old.write_text(shown.stdout, encoding="utf-8")
-    before = tiny_losses(script, tmp_path, path=old, name="before")
-    after = tiny_losses(script, tmp_path, name="after")
+    return old
+
+
+@pytest.fixture(scope="module")
+def losses_now(tmp_path_factory):
+    """The tiny run's losses of each script as it is now (one run per script for both revisions' tests)."""
+    cache = {}
+
+    def get(script):
+        if script not in cache:
+            cache[script] = tiny_losses(script, tmp_path_factory.mktemp("now"), name="after")
+        return cache[script]
+
+    return get
+
+
+# PRE_FLAGS_REV: before the ablation flags (issue 17); PRE_FENCE_REV: before the plumbing moved below the fence (issue 22)
+@pytest.mark.parametrize("rev", [PRE_FLAGS_REV, PRE_FENCE_REV])
+@pytest.mark.parametrize("script", scripts_with_microrts_mark())
+def test_with_every_flag_at_its_default_the_losses_are_bit_identical_to_earlier_revisions(script, rev, losses_now, tmp_path):
+    before = tiny_losses(script, tmp_path, path=script_at(rev, script, tmp_path), name="before")
+    after = losses_now(script)
     assert before and set(before) == set(after)
     assert before == after  # every loss at every step, to the bit
+
+
+# a run's first iteration, checkpointed, then resumed for two more: (flags, the batch size)
+RESUME_TINY = {"ppo.py": ([], 512), "ppo_continuous_action.py": (["--env-id", "Pendulum-v1", "--num-steps", 128], 128)}
+
+
+@pytest.mark.parametrize("script", sorted(RESUME_TINY))
+def test_a_checkpoint_resumes_as_it_did_before_the_fence(script, tmp_path):
+    """The restore, the logs and the reset draw the random numbers in the same order as before issue 22's move."""
+    (tmp_path / "rev").mkdir()
+    old = shutil.copy(script_at(PRE_FENCE_REV, script, tmp_path), tmp_path / "rev" / script)  # its own name: checked
+    flags, batch = RESUME_TINY[script]
+    first = [sys.executable, str(old), *map(str, flags), "--total-timesteps", str(batch), "--save-model", "--exp-name", "r"]
+    res = subprocess.run(first, cwd=tmp_path, capture_output=True, text=True, timeout=300, env={**ONE_THREAD, **_env()})
+    assert res.returncode == 0, res.stderr[-2000:]
+    (run_dir,) = run_dirs(tmp_path)
+    losses = {}
+    for name, path in (("old", old), ("now", ROOT / script)):
+        work = tmp_path / name
+        shutil.copytree(run_dir, work / "runs" / run_dir.name)
+        checkpoint = f"runs/{run_dir.name}/checkpoint.pt"
+        resume = [sys.executable, str(path), "--resume", checkpoint, "--total-timesteps", str(3 * batch)]
+        res = subprocess.run(resume, cwd=work, capture_output=True, text=True, timeout=300, env={**ONE_THREAD, **_env()})
+        assert res.returncode == 0, res.stderr[-2000:]
+        scalars = read_scalars(work / "runs" / run_dir.name)
+        losses[name] = {tag: values for tag, values in scalars.items() if tag.startswith("losses/")}
+    assert [step for step, _ in losses["now"]["losses/value_loss"]] == [batch, 2 * batch, 3 * batch]
+    assert losses["old"] == losses["now"]  # iterations 2 and 3, after the restore, to the bit
 
 
 # ------------------------------------------------------------------------ each flag off: the run changes

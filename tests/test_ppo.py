@@ -785,3 +785,19 @@ def test_a_flag_outside_its_domain_exits_with_one_line_before_anything_starts(sc
     assert res.returncode == 1 and len(lines) == 1, res.stderr
     assert lines[0] == "error: --save-every -1 is not allowed: it must be at least 0 (0: a checkpoint only at the end)"
     assert not (tmp_path / "runs").exists() and "training" not in res.stdout
+
+
+def test_a_second_signal_during_a_checkpoint_write_leaves_no_temporary_file(ppo, tmp_path, monkeypatch):
+    path = tmp_path / "checkpoint.pt"
+    assert small_checkpoint(ppo, path, 6) is True
+
+    def interrupted_save(obj, target):  # the second Ctrl-C / SIGTERM arrives mid-write (StopRequest raises)
+        with open(target, "wb") as f:
+            f.write(b"partial")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(ppo.torch, "save", interrupted_save)
+    with pytest.raises(KeyboardInterrupt):  # main() closes the logs and exits 128 + signal
+        small_checkpoint(ppo, path, 7)
+    monkeypatch.undo()
+    assert ppo.load_checkpoint(str(path))["iteration"] == 6 and not list(tmp_path.glob("*.tmp*"))

@@ -188,6 +188,7 @@ def test_shared_passages_agree_on_the_repository():
     assert result.returncode == 0, result.stderr
 
 
+FENCE = "\n\n\n# ==== plumbing, not PPO"  # the blank lines above the fence line, and its start
 WRAPPER = """
 
 class NoopResetEnv(gym.Wrapper):
@@ -209,8 +210,8 @@ class NoopResetEnv(gym.Wrapper):
     ],
 )
 def test_shared_passages_check_fails_on_a_modified_copy(repo, change, expected):
-    for atari in ("ppo_atari.py", "ppo_atari_lstm.py"):  # two Atari scripts sharing a wrapper class
-        (repo / atari).write_text((repo / "ppo.py").read_text() + WRAPPER)
+    for atari in ("ppo_atari.py", "ppo_atari_lstm.py"):  # two Atari scripts sharing a wrapper class (above the fence)
+        (repo / atari).write_text((repo / "ppo.py").read_text().replace(FENCE, WRAPPER + FENCE, 1))
         edit(repo / atari, "num_envs: int = 4", "num_envs: int = 8")  # a default the Atari domain may change
     assert tool("tools/lineage.py", "--check-shared", "--root", repo).returncode == 0
     script, old, new = change
@@ -218,6 +219,130 @@ def test_shared_passages_check_fails_on_a_modified_copy(repo, change, expected):
     result = tool("tools/lineage.py", "--check-shared", "--root", repo)
     assert result.returncode != 0
     assert expected in result.stderr
+
+
+# the converted scripts: ppo.py and ppo_atari.py; the copies of ppo.py, then of ppo_atari.py, make a repository of nine
+PPO_COPIES = ["ppo.py", "ppo_shared.py", "ppo_continuous_action.py"]
+OWN = 'OWN_PLUMBING = ["check_args", "check_env", "evaluate"]'
+
+
+@pytest.fixture
+def fenced(tmp_path):
+    """A repository root whose nine scripts are copies of the converted ppo.py and ppo_atari.py (one fence each)."""
+    root = tmp_path / "fenced"
+    root.mkdir()
+    for s in lineage.VARIANTS:
+        shutil.copy(ROOT / ("ppo.py" if s in PPO_COPIES else "ppo_atari.py"), root / s)
+    return root
+
+
+def check_shared(root):
+    return tool("tools/lineage.py", "--check-shared", "--root", root)
+
+
+def test_shared_plumbing_names_a_changed_run_method_until_it_is_declared_own(fenced):
+    result = check_shared(fenced)
+    assert result.returncode == 0, result.stderr
+    assert "the fenced plumbing (apart from each script's OWN_PLUMBING) agree" in result.stdout
+    assert "one fence each, no plumbing above it" in result.stdout
+    edit(fenced / "ppo_atari_lstm.py", "purge_step=purge_step)", "purge_step=purge_step, flush_secs=30)")
+    result = check_shared(fenced)
+    assert result.returncode != 0
+    assert result.stderr.count("error: ") == 1, result.stderr  # that method only, not the whole class Run
+    assert "error: Run.open_writer below the fence differs between ppo.py:" in result.stderr
+    assert "ppo_atari_lstm.py:" in result.stderr and "flush_secs=30)" in result.stderr  # where, and the diff
+    edit(fenced / "ppo_atari_lstm.py", OWN, OWN[:-1] + ', "Run.open_writer"]')
+    result = check_shared(fenced)
+    assert result.returncode == 0, result.stderr
+
+
+@pytest.mark.parametrize(
+    "old,new,expected",
+    [
+        (OWN, OWN[:-1] + ', "save_everything"]', "'save_everything', which is not defined below the fence"),
+        (OWN, OWN[:-1] + ', "Run.save_everything"]', "'Run.save_everything', which is not defined below the fence"),
+        (OWN, "# no declaration", "ppo_multidiscrete.py: no OWN_PLUMBING below the fence"),
+        (OWN, 'OWN_PLUMBING = "check_args"', "OWN_PLUMBING must be a list of strings"),
+        (OWN, OWN + "\n\n\ndef helper():\n    return None", "helper below the fence is not in ppo.py's plumbing"),
+        ("def args_from_checkpoint(", "def args_of_checkpoint(", "the shared plumbing args_from_checkpoint (ppo.py:"),
+        ('"save_every", "resume"', '"save_every", "seed", "resume"', "RESUME_MAY_CHANGE below the fence differs"),
+        ("# with --resume, these flags apply", "# with --resume these flags apply", "RESUME_MAY_CHANGE below the fence"),
+        ("        self.stop = StopRequest()", "        self.stop = StopRequest()  # Ctrl-C", "Run.iterations below the"),
+        ("def train(", "# ==== the PPO loop ====\ndef train(", "ppo_multidiscrete.py: 2 fence lines (lines "),
+        ("# ==== plumbing", "# plumbing", "ppo_multidiscrete.py: no fence line"),
+        ("    main()\n", '    main()\n    print("done")\n', "ppo_multidiscrete.py: does not end with `if __name__"),
+    ],
+)
+def test_shared_plumbing_check_fails_on_a_fenced_section_problem(fenced, old, new, expected):
+    edit(fenced / "ppo_multidiscrete.py", old, new)  # a copy of ppo_atari.py, compared with ppo.py
+    result = check_shared(fenced)
+    assert result.returncode != 0
+    assert expected in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize(
+    "line,found",
+    [
+        ('    sys.exit("error: no gradient")', "sys.exit"),
+        ('    torch.save(optimizer.state_dict(), "optimizer.pt")', "torch.save"),
+        ("    signal.signal(signal.SIGINT, signal.SIG_IGN)", "signal.signal"),
+        ("    states = rng_states()", "rng_states(...)"),
+        ('    _ = "sys.exit(1), torch.save(x), signal.signal, rng_states()"', None),  # a string: no code
+        ('    pass  # sys.exit(1), torch.save(x, "x.pt"), tempfile.mkdtemp()', None),  # a comment
+    ],
+)
+def test_shared_plumbing_check_finds_plumbing_above_the_fence_in_code_only(fenced, line, found):
+    edit(fenced / "ppo_shared.py", "    optimizer.zero_grad()\n", f"    optimizer.zero_grad()\n{line}\n")  # gradient_step
+    lineno = (fenced / "ppo_shared.py").read_text().splitlines().index(line) + 1
+    result = check_shared(fenced)
+    assert (result.returncode != 0) == (found is not None), result.stderr
+    if found:
+        assert f"error: ppo_shared.py:{lineno}: {found} above the fence (line " in result.stderr
+
+
+def test_lineage_diff_above_the_fence_shows_the_algorithm_alone():
+    result = tool("tools/lineage.py", "--diff", "ppo_atari", "--above-fence")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("--- ppo.py (above the fence)\n+++ ppo_atari.py (above the fence)\n@@")
+    lines = result.stdout.splitlines()
+    changed = [x for x in lines[2:] if x.startswith(("+", "-"))]
+    assert any("channels_last" in x or "NoopResetEnv" in x for x in changed)  # the child's own algorithm
+    assert not any(s in x for x in lines for s in ("def check_args", "class Run", "OWN_PLUMBING"))  # no plumbing
+    whole = tool("tools/lineage.py", "--diff", "ppo_atari")
+    assert 0 < lineage.changed_lines(lines) < lineage.changed_lines(whole.stdout.splitlines())
+
+
+def test_lineage_above_the_fence_needs_a_fence_and_a_diff(tmp_path):
+    shutil.copy(ROOT / "ppo.py", tmp_path / "ppo.py")
+    shutil.copy(ROOT / "ppo_atari.py", tmp_path / "ppo_atari.py")
+    edit(tmp_path / "ppo_atari.py", "# ==== plumbing", "# plumbing")
+    result = tool("tools/lineage.py", "--diff", "ppo_atari", "--above-fence", "--root", tmp_path)
+    assert result.returncode == 2 and result.stdout == ""
+    assert len(result.stderr.splitlines()) == 1 and "ppo_atari.py has no single fence line" in result.stderr
+    assert tool("tools/lineage.py", "--diff", "ppo_atari", "--root", tmp_path).returncode == 0  # the whole: no fence needed
+    for flags in (["--above-fence"], ["--check-shared", "--above-fence"]):
+        result = tool("tools/lineage.py", *flags, "--root", tmp_path)
+        assert result.returncode == 2 and "--above-fence goes with --diff" in result.stderr
+
+
+def test_lineage_html_writes_the_above_fence_pages(tmp_path):
+    root, out = tmp_path / "repo", tmp_path / "html"
+    root.mkdir()
+    for s in ("ppo.py", "ppo_shared.py", "ppo_atari.py"):
+        shutil.copy(ROOT / "ppo.py", root / s)
+    edit(root / "ppo_shared.py", "    optimizer.zero_grad()\n", "    optimizer.zero_grad()  # marker-above-the-fence\n")
+    edit(root / "ppo_shared.py", "    def env_seed(self):\n", "    def env_seed(self):  # marker-below-the-fence\n")
+    edit(root / "ppo_atari.py", "# ==== plumbing", "# plumbing")  # a script without its fence: no above-fence page
+    result = tool("tools/lineage.py", "--html", "--out", out, "--root", root)
+    assert result.returncode == 0, result.stderr
+    assert "2 pair page(s), 1 above-fence page(s)" in result.stdout
+    whole, above = (out / "ppo_shared.html").read_text(), (out / "ppo_shared.above-fence.html").read_text()
+    assert "marker-above-the-fence" in whole and "marker-below-the-fence" in whole
+    assert "marker-above-the-fence" in above and "marker-below-the-fence" not in above
+    assert "ppo_shared.py&nbsp;(above&nbsp;the&nbsp;fence)" in above or "ppo_shared.py (above the fence)" in above
+    index = (out / "index.html").read_text()
+    assert "href='ppo_shared.above-fence.html'>2 changed lines</a>" in index  # one line changed: - and +
+    assert not (out / "ppo_atari.above-fence.html").exists() and "ppo_atari.py has no single fence line" in index
 
 
 # ------------------------------------------------------------------------------------- benchmark: suites
