@@ -57,7 +57,7 @@ class Args:
     total_timesteps: int = 500000
     """total timesteps of the experiments"""
     orthogonal_init: bool = True
-    """Toggle orthogonal weight init with constant 0 bias (core-2; off: PyTorch's default init of every layer)"""
+    """Toggle orthogonal weight init with constant 0 bias (core-2; off: PyTorch's default init of linear and conv layers)"""
     learning_rate: float = 2.5e-4
     """the learning rate of the optimizer"""
     adam_eps: float = 1e-5
@@ -417,7 +417,7 @@ FLAG_DOMAINS = [
     ("torch_threads", lambda v: v >= 0, "at least 0 (0: torch's default)"),
     ("save_every", lambda v: v >= 0, "at least 0 (0: a checkpoint only at the end)"),
     ("eval_episodes", lambda v: v >= 1, "at least 1"),
-    ("max_episode_frames", lambda v: v >= 1, "at least 1 (ppo2: 400000)"),
+    ("max_episode_frames", lambda v: v is None or v >= 1, "at least 1 (or left out: ppo2's, 400000; SpaceInvaders 300000)"),
     ("frame_stack", lambda v: v >= 1, "at least 1"),
 ]
 

@@ -66,8 +66,9 @@ class Args:
     """the id of the environment"""
     total_timesteps: int = 10000000
     """total timesteps of the experiments"""
-    max_episode_frames: int = 400000
-    """frames after which a game is cut (truncated): 400000 as in ppo2 (gym 0.21); 108000 for the 30-minute protocol"""
+    max_episode_frames: int | None = None
+    """frames after which a game is cut (truncated); left out: ppo2's (gym 0.21), 400000 (SpaceInvaders 300000); 108000:
+    the 30-minute protocol"""
     noop_max: int = 30
     """the most no-op frames at a game's start, 1 to noop_max drawn at random (atari-1; 0: none)"""
     episodic_life: bool = True
@@ -79,7 +80,7 @@ class Args:
     frame_stack: int = 4
     """the number of last frames stacked into an observation (atari-7; 1: no stacking)"""
     orthogonal_init: bool = True
-    """Toggle orthogonal weight init with constant 0 bias (core-2; off: PyTorch's default init of every layer)"""
+    """Toggle orthogonal weight init with constant 0 bias (core-2; off: PyTorch's default init of linear and conv layers)"""
     learning_rate: float = 2.5e-4
     """the learning rate of the optimizer"""
     adam_eps: float = 1e-5
@@ -198,8 +199,10 @@ class EnvpoolAtari:
         self.record(ids, rewards, game_over)
         dones = terminations | truncations
         if dones.any():  # ppo2's autoreset: the observation after a done is the next episode's first
-            done_ids = ids[dones]
-            frames[dones] = self.start(done_ids, self.substep(np.zeros(len(done_ids)), done_ids)[0])
+            done_ids, lost_life = ids[dones], ~game_over[dones]
+            restart = self.substep(np.zeros(len(done_ids)), done_ids)  # a new game, or 1-30 no-op frames after a life loss
+            self.record(done_ids[lost_life], restart[1][lost_life], restart[4][lost_life])  # the same game: they count
+            frames[dones] = self.start(done_ids, restart[0])
         # detail atari-7: FrameStack, the last 4 frames (zeros before each episode's first, as ppo2's VecFrameStack)
         self.stack = np.roll(self.stack, -1, axis=1)
         self.stack[dones] = 0
@@ -210,6 +213,14 @@ class EnvpoolAtari:
             infos["final_info"] = {"episode": episode, "_episode": self.ended.copy()}
         # detail atari-6: ClipReward, the sign of the reward (learning only; the logged return is unclipped)
         return self.stack.copy(), np.sign(rewards) if self.clip_reward else rewards, terminations, truncations, infos
+
+
+def game_frames(env_id, max_episode_frames=None):
+    """The frames a game may last: --max-episode-frames, else ppo2's: gym 0.21 registered <Game>NoFrameskip-v4 with a
+    limit of 100,000 x the game's frameskip frames (4, and 3 for SpaceInvaders); ale-py registers 108,000."""
+    if max_episode_frames is not None:
+        return max_episode_frames
+    return 100000 * (3 if gym.spec(env_id).kwargs["game"] == "space_invaders" else 4)
 
 
 def make_envs(args, run_name, num_envs=None):
@@ -225,7 +236,9 @@ def make_envs(args, run_name, num_envs=None):
         args.frame_stack,
         args.clip_reward,
         repeat_action_probability=spec["repeat_action_probability"],
-        max_episode_steps=-(-args.max_episode_frames // 4),  # envpool counts steps of 4 frames
+        max_episode_steps=-(
+            -game_frames(args.env_id, args.max_episode_frames) // 4
+        ),  # envpool counts steps of 4 frames (not its no-op steps)
         # detail atari-1: NoopReset, 1 to 30 no-op frames at a game's start (and, in envpool, after a life loss)
         noop_max=args.noop_max,
         use_fire_reset=False,  # envpool's own would press FIRE for 1 frame; EnvpoolAtari presses as baselines do
@@ -537,7 +550,7 @@ FLAG_DOMAINS = [
     ("torch_threads", lambda v: v >= 0, "at least 0 (0: torch's default)"),
     ("save_every", lambda v: v >= 0, "at least 0 (0: a checkpoint only at the end)"),
     ("eval_episodes", lambda v: v >= 1, "at least 1"),
-    ("max_episode_frames", lambda v: v >= 1, "at least 1 (ppo2: 400000)"),
+    ("max_episode_frames", lambda v: v is None or v >= 1, "at least 1 (or left out: ppo2's, 400000; SpaceInvaders 300000)"),
     ("frame_stack", lambda v: v >= 1, "at least 1"),
 ]
 

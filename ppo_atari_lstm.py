@@ -63,8 +63,9 @@ class Args:
     """the id of the environment"""
     total_timesteps: int = 10000000
     """total timesteps of the experiments"""
-    max_episode_frames: int = 400000
-    """frames after which a game is cut (truncated): 400000 as in ppo2 (gym 0.21); 108000 for the 30-minute protocol"""
+    max_episode_frames: int | None = None
+    """frames after which a game is cut (truncated); left out: ppo2's (gym 0.21), 400000 (SpaceInvaders 300000); 108000:
+    the 30-minute protocol"""
     noop_max: int = 30
     """the most no-op frames at a game's start, 1 to noop_max drawn at random (atari-1; 0: none)"""
     episodic_life: bool = True
@@ -78,7 +79,8 @@ class Args:
     reset_lstm_state: bool = True
     """Toggle resetting the LSTM state to zeros at episode ends, in rollouts and training (lstm-3)"""
     orthogonal_init: bool = True
-    """Toggle orthogonal weight init with constant 0 bias (core-2; off: PyTorch's default init of every layer)"""
+    """Toggle orthogonal weight init with constant 0 bias (core-2; off: PyTorch's default init of the linear and conv layers;
+    the LSTM keeps its orthogonal init, lstm-1)"""
     learning_rate: float = 2.5e-4
     """the learning rate of the optimizer"""
     adam_eps: float = 1e-5
@@ -200,11 +202,21 @@ class FireResetEnv(gym.Wrapper):
         return obs, info
 
 
+def game_frames(env_id, max_episode_frames=None):
+    """The frames a game may last: --max-episode-frames, else ppo2's: gym 0.21 registered <Game>NoFrameskip-v4 with a
+    limit of 100,000 x the game's frameskip frames (4, and 3 for SpaceInvaders); ale-py registers 108,000."""
+    if max_episode_frames is not None:
+        return max_episode_frames
+    return 100000 * (3 if gym.spec(env_id).kwargs["game"] == "space_invaders" else 4)
+
+
 def make_env(env_id, idx, capture_video, run_name, args):
     def thunk():
         # frameskip=1 as MaxAndSkip skips; ALE/<Game>-v5 keeps its sticky actions (0.25), NoFrameskip-v4 and ppo2 have none
-        # game length: ppo2's gym 0.21 cut NoFrameskip-v4 games at 400,000 frames; ale-py registers 108,000
-        kwargs = dict(frameskip=1, obs_type="grayscale", max_num_frames_per_episode=args.max_episode_frames)
+        # game length: ppo2's (game_frames: 400,000 frames, SpaceInvaders 300,000); ale-py registers 108,000
+        kwargs = dict(
+            frameskip=1, obs_type="grayscale", max_num_frames_per_episode=game_frames(env_id, args.max_episode_frames)
+        )
         if capture_video and idx == 0:
             env = gym.make(env_id, render_mode="rgb_array", **kwargs)
             env = gym.wrappers.RecordVideo(env, f"videos/{run_name}")
@@ -579,7 +591,7 @@ FLAG_DOMAINS = [
     ("torch_threads", lambda v: v >= 0, "at least 0 (0: torch's default)"),
     ("save_every", lambda v: v >= 0, "at least 0 (0: a checkpoint only at the end)"),
     ("eval_episodes", lambda v: v >= 1, "at least 1"),
-    ("max_episode_frames", lambda v: v >= 1, "at least 1 (ppo2: 400000)"),
+    ("max_episode_frames", lambda v: v is None or v >= 1, "at least 1 (or left out: ppo2's, 400000; SpaceInvaders 300000)"),
     ("frame_stack", lambda v: v >= 1, "at least 1"),
 ]
 

@@ -58,7 +58,7 @@ class Args:
     total_timesteps: int = 1000000
     """total timesteps of the experiments"""
     orthogonal_init: bool = True
-    """Toggle orthogonal weight init with constant 0 bias (core-2; off: PyTorch's default init of every layer)"""
+    """Toggle orthogonal weight init with constant 0 bias (core-2; off: PyTorch's default init of linear and conv layers)"""
     learning_rate: float = 3e-4
     """the learning rate of the optimizer"""
     adam_eps: float = 1e-5
@@ -100,11 +100,11 @@ class Args:
     clip_action: bool = True
     """Toggle clipping actions to the action space's bounds before the env (continuous-5; off: the env gets the sample)"""
     norm_obs: bool = True
-    """Toggle observation normalization by the running mean and std (continuous-6)"""
+    """Toggle observation normalization by the running mean and std (continuous-6; off: no clipping either, as ppo2)"""
     clip_obs: bool = True
     """Toggle clipping the observations to [-10, 10] (continuous-7)"""
     norm_reward: bool = True
-    """Toggle reward scaling by the running std of the discounted return (continuous-8)"""
+    """Toggle reward scaling by the running std of the discounted return (continuous-8; off: no clipping either, as ppo2)"""
     clip_reward: bool = True
     """Toggle clipping the rewards to [-10, 10] after scaling (continuous-9)"""
     bootstrap_truncated: bool = False
@@ -175,8 +175,8 @@ class VecNormalize(gym.vector.VectorWrapper):
             self.obs_rms.update(obs)
         # detail continuous-6: observation normalization, (obs - running mean) / running std
         obs = (obs - self.obs_rms.mean) / np.sqrt(self.obs_rms.var + self.epsilon) if self.norm_obs else obs
-        # detail continuous-7: observation clipping to [-10, 10]
-        return (np.clip(obs, -self.clip, self.clip) if self.clip_obs else obs).astype(np.float32)
+        # detail continuous-7: observation clipping to [-10, 10] (of normalized observations only, as ppo2's `if self.ob_rms`)
+        return (np.clip(obs, -self.clip, self.clip) if self.norm_obs and self.clip_obs else obs).astype(np.float32)
 
     def reset(self, **kwargs):
         obs, infos = self.env.reset(**kwargs)
@@ -190,8 +190,8 @@ class VecNormalize(gym.vector.VectorWrapper):
         if self.training:
             self.ret_rms.update(self.returns)
         rewards = rewards / np.sqrt(self.ret_rms.var + self.epsilon) if self.norm_reward else rewards
-        # detail continuous-9: reward clipping to [-10, 10]
-        rewards = np.clip(rewards, -self.clip, self.clip) if self.clip_reward else rewards
+        # detail continuous-9: reward clipping to [-10, 10] (of scaled rewards only, as ppo2's `if self.ret_rms`)
+        rewards = np.clip(rewards, -self.clip, self.clip) if self.norm_reward and self.clip_reward else rewards
         self.returns[terminations | truncations] = 0
         obs = self.normalize(obs)
         for i in np.flatnonzero(infos.get("_final_obs", [])):  # an ended episode's last obs: normalized, not counted
@@ -515,7 +515,7 @@ FLAG_DOMAINS = [
     ("torch_threads", lambda v: v >= 0, "at least 0 (0: torch's default)"),
     ("save_every", lambda v: v >= 0, "at least 0 (0: a checkpoint only at the end)"),
     ("eval_episodes", lambda v: v >= 1, "at least 1"),
-    ("max_episode_frames", lambda v: v >= 1, "at least 1 (ppo2: 400000)"),
+    ("max_episode_frames", lambda v: v is None or v >= 1, "at least 1 (or left out: ppo2's, 400000; SpaceInvaders 300000)"),
     ("frame_stack", lambda v: v >= 1, "at least 1"),
 ]
 

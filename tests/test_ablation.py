@@ -321,10 +321,21 @@ def test_continuous_flags_off_give_the_envs_own_observations_rewards_and_actions
         s1, s2, s3 = raw.step(a), envs.step(a), scaled.step(a)
         assert np.array_equal(s1[0].astype(np.float32), s2[0]) and np.array_equal(s1[1], s2[1])  # the env's own
         assert not np.array_equal(s1[1], s3[1])  # reward scaling on: divided by the return's running std
-    # observation clipping alone (normalization off): the raw observation clipped to [-10, 10]
+    # each clip lives inside its normalization, as in ppo2's VecNormalize: normalization off, no clipping either
     only_clip = cont.VecNormalize(raw, 0.99, switches=(False, True, False, False))
     big = np.array([[12.0, -30.0, 0.5]])
-    assert np.array_equal(only_clip.normalize(big), np.array([[10.0, -10.0, 0.5]], dtype=np.float32))
+    assert np.array_equal(only_clip.normalize(big), big.astype(np.float32))  # raw observations are never clipped
+    clipped = cont.VecNormalize(raw, 0.99, switches=(True, True, True, True))
+    clipped.obs_rms.var[:] = 1e-6
+    assert np.abs(clipped.normalize(big, update=False)).max() == 10  # normalized ones are
+    raw_again, unscaled = raw, cont.make_envs(cont.Args(env_id="Pendulum-v1", norm_reward=False), "test")  # clip on
+    raw_again.reset(seed=4), unscaled.reset(seed=4)
+    raw_rewards, kept = [], []
+    for _ in range(200):
+        a = np.array([[1.5]], dtype=np.float32)
+        raw_rewards.append(raw_again.step(a)[1][0]), kept.append(unscaled.step(a)[1][0])
+    assert min(raw_rewards) < -10 and kept == raw_rewards  # Pendulum's rewards below -10 reach the agent unclipped
+    unscaled.close()
     unclipped = cont.VecNormalize(raw, 0.99, switches=(True, False, True, True))
     unclipped.obs_rms.var[:] = 1e-6  # a tiny running std: normalized values far beyond 10 are kept
     assert np.abs(unclipped.normalize(big, update=False)).max() > 10

@@ -360,17 +360,28 @@ def changed_lines(parent, child):
 
 def test_diff_from_ppo_under_175_lines():
     n = changed_lines("ppo.py", "ppo_atari.py")
-    assert 50 < n <= 185, n  # 160 before the 400k-frame game length flag (fidelity issue), 175 before the ablation flags
+    assert 50 < n <= 195, n  # 160 before the 400k-frame game length flag (fidelity issue), 175 before the ablation flags,
+    # 185 before the game length per game (issue 25)
 
 
-# ppo2's game length (fidelity): gym 0.21's NoFrameskip-v4 cut a game at 400,000 frames; ale-py registers 108,000
+# ppo2's game length (fidelity): gym 0.21's NoFrameskip-v4 cut a game at 100,000 x its frameskip frames, 400,000, and
+# 300,000 for SpaceInvaders (frameskip 3 there); ale-py registers 108,000
 @pytest.mark.parametrize("script", ["ppo_atari.py", "ppo_atari_lstm.py", "ppo_atari_multigpu.py", "ppo_atari_envpool.py"])
 def test_episode_frame_limit_defaults_to_ppo2s(script):
     module = load_script(script)
-    assert module.Args().max_episode_frames == 400000
+    assert module.Args().max_episode_frames is None  # left out: the game's own ppo2 limit
+    frames = {g: module.game_frames(g) for g in ["BreakoutNoFrameskip-v4", "PongNoFrameskip-v4"]}
+    frames.update({g: module.game_frames(g) for g in ["SpaceInvadersNoFrameskip-v4", "ALE/Pong-v5"]})
+    assert frames == {
+        "BreakoutNoFrameskip-v4": 400000,
+        "PongNoFrameskip-v4": 400000,
+        "SpaceInvadersNoFrameskip-v4": 300000,
+        "ALE/Pong-v5": 400000,
+    }
+    assert module.game_frames("SpaceInvadersNoFrameskip-v4", 108000) == 108000
     text = (ROOT / script).read_text()
-    doc = text[text.index("    max_episode_frames: int = 400000\n") :].splitlines()[1]
-    assert "108000" in doc and "ppo2" in doc, doc  # the flag's docstring names both protocols
+    doc = text[text.index("    max_episode_frames: int | None = None\n") :].splitlines()[1:3]
+    assert "108000" in " ".join(doc) and "ppo2" in doc[0] and "300000" in doc[0], doc  # both protocols named
     for bad in [0, -5]:
         assert "--max-episode-frames" in module.check_args(module.Args(max_episode_frames=bad))
 
@@ -378,6 +389,10 @@ def test_episode_frame_limit_defaults_to_ppo2s(script):
 def test_episode_frame_limit_truncates_the_game(atari):
     env = atari.make_env("PongNoFrameskip-v4", 0, False, "test", atari.Args())()
     assert env.unwrapped.ale.getInt("max_num_frames_per_episode") == 400000  # not ale-py's registered 108,000
+    env.close()
+    env = atari.make_env("SpaceInvadersNoFrameskip-v4", 0, False, "test", atari.Args())()
+    assert env.unwrapped.ale.getInt("max_num_frames_per_episode") == 300000  # gym 0.21: 100,000 x frameskip 3
+    env.close()
     env = atari.make_env("PongNoFrameskip-v4", 0, False, "test", atari.Args(max_episode_frames=400))()
     env.reset(seed=0)
     steps = 0

@@ -34,7 +34,12 @@ class Captured(Exception):
 
 @pytest.mark.parametrize(
     "env_id, task, sticky",
-    [(BREAKOUT, "Breakout-v5", 0.0), ("ALE/Breakout-v5", "Breakout-v5", 0.25), ("MsPacmanNoFrameskip-v4", "MsPacman-v5", 0.0)],
+    [
+        (BREAKOUT, "Breakout-v5", 0.0),
+        ("ALE/Breakout-v5", "Breakout-v5", 0.25),
+        ("MsPacmanNoFrameskip-v4", "MsPacman-v5", 0.0),
+        ("SpaceInvadersNoFrameskip-v4", "SpaceInvaders-v5", 0.0),
+    ],
 )
 def test_details_are_the_envpool_options(pool, monkeypatch, env_id, task, sticky):
     seen = {}
@@ -47,7 +52,8 @@ def test_details_are_the_envpool_options(pool, monkeypatch, env_id, task, sticky
     with pytest.raises(Captured):
         make(pool, env_id, num_envs=3)
     assert seen["args"] == (task,) and seen["num_envs"] == 3 and seen["repeat_action_probability"] == sticky
-    assert seen["max_episode_steps"] == 100000  # ppo2's 400,000 frames, in envpool's steps of 4 frames
+    # ppo2's 400,000 frames (SpaceInvaders: 300,000, gym 0.21's 100,000 x frameskip 3), in envpool's steps of 4 frames
+    assert seen["max_episode_steps"] == (75000 if "SpaceInvaders" in env_id else 100000)
     expected = dict(noop_max=30, use_fire_reset=False, frame_skip=4, episodic_life=True, reward_clip=False, stack_num=1)
     expected.update(img_height=84, img_width=84, gray_scale=True, use_inter_area_resize=True, env_type="gymnasium")
     assert {k: seen[k] for k in expected} == expected
@@ -154,19 +160,26 @@ def test_game_over_statistics_and_frame_limit(pool):
         if truncated[0]:
             break
         starts += int(terminated[0])  # a life lost: FIRE and action 2 again
-    assert truncated[0] and steps + 2 * starts == 100  # the presses count as steps too, as in baselines
+    assert truncated[0] and steps + 2 * starts == 100  # envpool counts the presses, not its no-op steps after a life loss
     assert "final_info" in infos and infos["final_info"]["_episode"][0] and infos["lives"][0] == 5
-    assert infos["final_info"]["episode"]["l"][0] == 100
+    # the logged game counts them too: each life loss's no-op step, as ppo2's Monitor counts EpisodicLife's no-op step
+    assert starts > 1 and infos["final_info"]["episode"]["l"][0] == 100 + (starts - 1)
     envs.close()
 
 
 # atari-6 and the statistics across lives
 def test_rewards_clipped_logged_return_real(pool, monkeypatch):
-    raw_rewards = []
+    raw_rewards, after_life_loss = [], set()
     substep = pool.EnvpoolAtari.substep
 
     def spy(self, actions, ids):
         out = substep(self, actions, ids)
+        for k, i in enumerate(ids):  # points scored in envpool's no-op frames after a life loss (rare in real games)
+            if i in after_life_loss:
+                out[1][k] += 1000.0
+                after_life_loss.discard(i)
+            if out[2][k] and not out[4][k]:  # a life lost, the game goes on: the next substep is envpool's no-ops
+                after_life_loss.add(i)
         raw_rewards.extend(out[1].tolist())
         return out
 
@@ -184,8 +197,10 @@ def test_rewards_clipped_logged_return_real(pool, monkeypatch):
     assert logged is not None
     assert set(clipped) <= {-1.0, 0.0, 1.0} and 1.0 in clipped
     assert learning_episodes >= 2  # 3 lives: several learning episodes, 1 logged game
-    assert logged == sum(raw_rewards) and logged > sum(clipped)  # every life, unclipped
-    assert length == len(clipped) + 2 * learning_episodes  # the agent's steps and the FIRE presses
+    assert logged == sum(raw_rewards) and logged > sum(clipped)  # every life, unclipped, the no-op frames' points too
+    assert logged >= 1000 * (learning_episodes - 1)
+    # the agent's steps, the FIRE presses and the no-op step after each life loss (ppo2's Monitor counts them all)
+    assert length == len(clipped) + 2 * learning_episodes + (learning_episodes - 1)
 
 
 def test_no_fire_presses_for_games_without_fire(pool):

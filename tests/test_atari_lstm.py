@@ -295,3 +295,19 @@ def test_fused_lstm_replays_the_same_and_calls_the_lstm_once_per_stretch(lstm, o
         stretches += [b - a for a, b in zip(starts, starts[1:] + [NUM_STEPS])]
     assert calls1 == stretches and len(calls1) < len(calls0) / 4
     assert lstm.Args().fused_lstm is False  # opt-in: the default stays bit-identical
+
+
+def test_without_orthogonal_init_the_lstm_keeps_its_own_and_the_flag_says_so(lstm):
+    # core-2 off (--no-orthogonal-init) resets the linear and conv layers only: the LSTM keeps lstm-1's orthogonal init
+    envs = lstm.make_envs(lstm.Args(num_envs=1), "test")
+    torch.manual_seed(0)
+    agent = lstm.Agent(envs)
+    envs.close()
+    before = {n: p.detach().clone() for n, p in agent.named_parameters()}
+    lstm.torch_default_init(agent)
+    for name, param in agent.named_parameters():
+        assert torch.equal(param, before[name]) == name.startswith("lstm."), name
+    w = agent.lstm.weight_hh_l0.detach()  # (4 * 128, 128), orthogonal columns with gain 1
+    assert torch.allclose(w.T @ w, torch.eye(128), atol=1e-4)
+    doc = (ROOT / SCRIPT).read_text().split("    orthogonal_init: bool = True\n")[1].split('"""')[1]
+    assert "lstm-1" in doc and "every layer" not in doc, doc

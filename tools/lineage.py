@@ -29,8 +29,9 @@ from _common import ATARI_SCRIPTS, PARENTS, ROOT, VARIANTS, script_name
 # changed-line budget of each child against its parent
 BUDGETS = {
     "ppo_shared.py": 40,
-    "ppo_atari.py": 185,  # 160 until the fidelity issue (14): ppo2's 400k-frame game length, a flag (+13); 175 until
-    # the ablation flags (issue 17): noop_max, episodic_life, fire_reset, clip_reward and frame_stack (+7)
+    "ppo_atari.py": 195,  # 160 until the fidelity issue (14): ppo2's 400k-frame game length, a flag (+13); 175 until
+    # the ablation flags (issue 17): noop_max, episodic_life, fire_reset, clip_reward and frame_stack (+7); 185 until
+    # ppo2's game length per game (issue 25: game_frames, SpaceInvaders 300k, +9)
     "ppo_continuous_action.py": 165,  # 120 until issue 9 wrote the distributions out: a Normal replaces a Categorical
     # (127), and ppo2's RunningMeanStd (15 lines; gymnasium's runs np.mean/np.var with 40 us of overhead per step)
     # (142 until the ablation flags of issue 17: clip_action, norm_obs, clip_obs, norm_reward, clip_reward, +16)
@@ -41,7 +42,8 @@ BUDGETS = {
     # and had the log-probs count only the cells the env executes, +20; 263 until the parent's Atari ablation flags, +7,
     # which a MicroRTS script drops with the Atari wrappers)
     "ppo_multidiscrete_mask.py": 60,
-    "ppo_atari_envpool.py": 235,  # 151 as ale-py's vector env; envpool with ppo2's game (issue 14) 221; +5: no envpool
+    "ppo_atari_envpool.py": 240,  # 151 as ale-py's vector env; envpool with ppo2's game (issue 14) 221; +5: no envpool
+    # 240: the no-op step after a life loss counted in the logged game (issue 25, +3)
     "ppo_atari_multigpu.py": 140,  # measured 115 when written; 123 with the run-dir check and the group destroyed (issue 15)
     # 135 when the plumbing moved below the fence (issue 22): Run's own __init__/restore/open_writer/save/finish, +6
 }
@@ -61,8 +63,10 @@ ARGS_DEFAULTS_MAY_DIFFER = {
     "ppo_multidiscrete.py": _DOMAIN,
     "ppo_multidiscrete_mask.py": [],
 }
-# Args fields whose docstring a child may reword (none so far: a reworded docstring is a diff line to justify)
-ARGS_DOCSTRINGS_MAY_DIFFER = {}
+# Args fields whose docstring a child may reword (a reworded docstring is a diff line to justify)
+ARGS_DOCSTRINGS_MAY_DIFFER = {
+    "ppo_atari_lstm.py": ["orthogonal_init"],  # says that the LSTM keeps its own orthogonal init (lstm-1) with core-2 off
+}
 
 
 def pairs(root):
