@@ -46,6 +46,10 @@ class Args:
     """the wandb project name"""
     wandb_entity: str | None = None
     """the entity (team) of the wandb project"""
+    wandb_group: str | None = None
+    """the wandb group of the run (benchmark/ablate.py: one per script and env); with --track"""
+    wandb_tags: tuple[str, ...] = ()
+    """wandb tags of the run (benchmark/ablate.py: the detail switched off); with --track"""
     capture_video: bool = False
     """if toggled, videos of the first environment's episodes are saved under `videos/` (also of an `--eval-checkpoint` run)"""
     save_model: bool = False
@@ -201,11 +205,8 @@ class FireResetEnv(gym.Wrapper):
 
 
 def game_frames(env_id, max_episode_frames=None):
-    """The frames a game may last: --max-episode-frames, else ppo2's: gym 0.21 registered <Game>NoFrameskip-v4 with a
-    limit of 100,000 x the game's frameskip frames (4, and 3 for SpaceInvaders); ale-py registers 108,000."""
-    if max_episode_frames is not None:
-        return max_episode_frames
-    return 100000 * (3 if gym.spec(env_id).kwargs["game"] == "space_invaders" else 4)
+    """--max-episode-frames, else ppo2's game length: gym 0.21's 100,000 x the game's frameskip (4; SpaceInvaders 3)."""
+    return max_episode_frames or 100000 * (3 if gym.spec(env_id).kwargs["game"] == "space_invaders" else 4)
 
 
 def make_env(env_id, idx, capture_video, run_name, args):
@@ -750,6 +751,7 @@ def args_from_checkpoint(checkpoint):
 
 # with --resume, these flags apply when given; any other flag must keep the run's value (it would change what is learned)
 RESUME_MAY_CHANGE = ["cuda", "torch_threads", "channels_last", "track", "wandb_project_name", "wandb_entity"]
+RESUME_MAY_CHANGE += ["wandb_group", "wandb_tags"]
 RESUME_MAY_CHANGE += ["capture_video", "save_model", "save_every", "resume", "total_timesteps"]
 
 
@@ -819,6 +821,38 @@ def evaluate(checkpoint_path, eval_episodes, device, capture_video=False):
     return returns
 
 
+def track_evaluation(args, returns):
+    """--eval-checkpoint --track: a wandb run of its own, `<run_name>-eval` (job type "eval", the training run's group),
+    with each episode's return and, with --capture-video, the evaluation's videos at their episode."""
+    import wandb
+
+    checkpoint = load_checkpoint(args.eval_checkpoint)
+    trained, name = checkpoint["args"], checkpoint["run_name"] + "-eval"
+    wandb.init(
+        project=args.wandb_project_name,
+        entity=args.wandb_entity,
+        group=args.wandb_group or trained.get("wandb_group"),
+        tags=list(args.wandb_tags) or None,
+        job_type="eval",
+        name=name,
+        config={**trained, "eval_checkpoint": args.eval_checkpoint, "eval_episodes": len(returns)},
+        save_code=True,
+        settings=wandb.Settings(program_abspath=os.path.abspath(__file__), program_relpath=os.path.basename(__file__)),
+    )
+    wandb.define_metric("episode")
+    wandb.define_metric("eval/*", step_metric="episode")
+    wandb.define_metric("videos", step_metric="episode")
+    for episode, r in enumerate(returns):
+        wandb.log({"eval/episodic_return": r, "episode": episode})
+    folder = f"videos/{name}"
+    for file in sorted(os.listdir(folder)) if args.capture_video and os.path.isdir(folder) else []:
+        if file.startswith("rl-video-episode-") and file.endswith(".mp4"):  # RecordVideo's names: the episode's index
+            episode = int(file[len("rl-video-episode-") : -len(".mp4")])
+            wandb.log({"videos": wandb.Video(os.path.join(folder, file), format="mp4"), "episode": episode})
+    wandb.run.summary.update({"eval/mean_return": float(np.mean(returns)), "trained_steps": checkpoint["global_step"]})
+    wandb.finish()
+
+
 class Run:
     """The plumbing that train() calls: the run's name and folder, its logs, --resume, the stop request, checkpoints."""
 
@@ -830,7 +864,7 @@ class Run:
         self.checkpoint_path = f"runs/{self.name}/checkpoint.pt"
         self.wandb_id = checkpoint["wandb_id"] if checkpoint else None
         self.envs = self.writer = self.stop = self.at_start = self.signum = None
-        self.tracked = False
+        self.tracked, self.videos_seen = False, set()
         self.start_iteration = self.iteration = self.completed = 1
 
     def fail(self, error):
@@ -879,14 +913,19 @@ class Run:
             wandb.init(
                 project=self.args.wandb_project_name,
                 entity=self.args.wandb_entity,
+                group=self.args.wandb_group,
+                tags=list(self.args.wandb_tags) or None,  # None: WANDB_TAGS, if set
                 sync_tensorboard=True,
                 config=vars(self.args),
                 name=self.name,
-                id=self.wandb_id,
+                id=self.wandb_id,  # on resume the same wandb run goes on
                 resume="allow",
-                save_code=True,
+                save_code=True,  # the script that ran, wherever it was started from (wandb's code view and comparer)
+                settings=wandb.Settings(program_abspath=os.path.abspath(__file__), program_relpath=os.path.basename(__file__)),
             )
-            self.wandb_id, self.tracked = wandb.run.id, True
+            wandb.define_metric("global_step")  # TensorBoard's step
+            wandb.define_metric("videos", step_metric="global_step")
+            self.wandb_id, self.tracked, self.videos_seen = wandb.run.id, True, set(self.video_files())
         # on resume, the events an interrupted run logged after its checkpoint are purged
         purge_step = (self.start_iteration - 1) * self.args.batch_size + 1 if self.checkpoint else None
         self.writer = SummaryWriter(f"runs/{self.name}", purge_step=purge_step)
@@ -930,9 +969,26 @@ class Run:
             return False
         return save_checkpoint(path, agent, optimizer, self.args, self.name, iteration, rng, self.wandb_id)
 
+    def video_files(self):
+        """The videos of the run's first env (--capture-video) as (path, modification time): each a finished episode."""
+        folder = f"videos/{self.name}"
+        files = sorted(os.listdir(folder)) if os.path.isdir(folder) else []
+        return [(os.path.join(folder, f), os.stat(os.path.join(folder, f)).st_mtime_ns) for f in files if f.endswith(".mp4")]
+
+    def upload_videos(self):
+        """With --capture-video --track: each video written since the last call goes to the wandb run, at the global step
+        of the iteration in which its episode ended (RecordVideo writes the file then)."""
+        if self.tracked and self.args.capture_video:
+            import wandb
+
+            for path, mtime in sorted(set(self.video_files()) - self.videos_seen, key=lambda f: (f[1], f[0])):
+                wandb.log({"videos": wandb.Video(path, format="mp4"), "global_step": self.completed * self.args.batch_size})
+                self.videos_seen.add((path, mtime))
+
     def iteration_done(self, iteration, agent, optimizer):
-        """With --save-model, a checkpoint every --save-every iterations and after the last."""
+        """With --save-model, a checkpoint every --save-every iterations and after the last; the new videos to wandb."""
         self.completed = iteration
+        self.upload_videos()
         at_save_point = self.args.save_every and iteration % self.args.save_every == 0
         if self.args.save_model and (at_save_point or iteration == self.args.num_iterations):
             self.save(iteration, agent, optimizer, self.snapshot())
@@ -971,6 +1027,7 @@ class Run:
         if self.tracked:
             import wandb
 
+            self.upload_videos()  # those the envs wrote when closed
             wandb.finish(exit_code=exit_code)
         # all is written: exit now, without the interpreter's teardown (gloo's worker thread may still be freeing the last
         # all-reduce's tensors, which takes the GIL: during the teardown that aborts the process, SIGABRT)
@@ -982,6 +1039,9 @@ class Run:
 
 def main():
     args = tyro.cli(Args)
+    error = missing_piece_error(args) if args.eval_checkpoint and args.track else None  # wandb or its credentials
+    if error:
+        sys.exit(f"error: {error}")
     rank, world_size, device, error = setup_distributed(args)
     if error:
         sys.exit(f"error: {error}")
@@ -991,6 +1051,8 @@ def main():
         returns = evaluate(args.eval_checkpoint, args.eval_episodes, device, args.capture_video)
         print(f"eval: {len(returns)} episodes, mean return {np.mean(returns):.2f} +- {np.std(returns):.2f}")
         print("eval: each episode's return, in order:", " ".join(f"{r:g}" for r in returns))
+        if args.track:
+            track_evaluation(args, returns)
         sys.exit(0)
     checkpoint = None
     if args.resume:  # the run continues with its own settings, but for RESUME_MAY_CHANGE (a larger total extends it)

@@ -74,6 +74,9 @@ def plan(script, envs, seeds, total_timesteps, details, extra):
                 flags = [] if detail == DEFAULT else off_flags(detail, script)
                 argv = [sys.executable, str(script), "--env-id", env, "--seed", str(seed)]
                 argv += ["--total-timesteps", str(total_timesteps), "--exp-name", exp_name(stem, detail), *flags, *extra]
+                if "--track" in extra:  # wandb: a group per script and env, a tag naming the detail switched off
+                    tag = DEFAULT if detail == DEFAULT else f"off-{detail}"
+                    argv += ["--wandb-group", f"{stem}__{report.slug(env)}", "--wandb-tags", "ablation", tag]
                 commands.append((env, detail, seed, exp_name(stem, detail), argv))
     return commands
 

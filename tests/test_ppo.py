@@ -619,7 +619,7 @@ BAD_VALUES = {  # a value outside each numeric flag's domain (the code would fai
 def test_every_numeric_flag_outside_its_domain_is_refused_in_one_line(script):
     module = load_script(script)
     fields = [f for f in BAD_VALUES if f in module.Args.__dataclass_fields__]
-    numeric = [f for f, t in module.Args.__annotations__.items() if t in (int, float, float | None)]
+    numeric = [f for f, t in module.Args.__annotations__.items() if t in (int, float, int | None, float | None)]
     computed = {"batch_size", "minibatch_size", "num_iterations"}
     assert set(numeric) - computed == set(fields), script  # every numeric flag of the script has a domain here
     for field in fields:

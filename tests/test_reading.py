@@ -19,7 +19,7 @@ LOOP_AT_MOST = {
     "ppo_atari.py": 420,
     "ppo_atari_lstm.py": 470,
     "ppo_atari_envpool.py": 430,
-    "ppo_atari_multigpu.py": 440,
+    "ppo_atari_multigpu.py": 450,  # 779 before: 0.58 of it, as ppo_atari.py's 420 of 724
     "ppo_continuous_action.py": 400,
     "ppo_multidiscrete.py": 380,
     "ppo_multidiscrete_mask.py": 395,
