@@ -42,6 +42,8 @@ class Args:
     """CPU threads for torch (0: torch's default); 1 is fastest for small networks and for runs sharing a machine"""
     channels_last: bool = False
     """if toggled, the convolutions' weights are stored channels-last (NHWC): faster on CPUs, float rounding differs"""
+    bf16: bool = False
+    """speed: the CNN's forward and backward in bfloat16 (autocast; needs AVX512-BF16/AMX-BF16 or a bf16 GPU)"""
     track: bool = False
     """if toggled, the run is tracked with Weights and Biases (set WANDB_MODE=offline to work without network)"""
     wandb_project_name: str = "ppo-details"
@@ -273,7 +275,7 @@ def torch_default_init(agent):
 
 
 class Agent(nn.Module):
-    def __init__(self, envs):
+    def __init__(self, envs, bf16=False):
         super().__init__()
         # detail atari-8: shared Nature-CNN (32 8x8/4, 64 4x4/2, 64 3x3/1, 512 fc, ReLU) under policy and value heads
         self.network = nn.Sequential(
@@ -290,13 +292,18 @@ class Agent(nn.Module):
         # detail core-13: one trunk shared by the policy and value heads
         self.actor = layer_init(nn.Linear(512, envs.single_action_space.n), std=0.01)
         self.critic = layer_init(nn.Linear(512, 1), std=1.0)
+        self.bf16 = bf16  # --bf16: the CNN in bfloat16 (its output, the heads, log-softmax, ratio and loss in float32)
+
+    def trunk(self, x):
+        # detail atari-9: scale pixels to [0, 1] inside the network (observations stay uint8)
+        with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=self.bf16):  # speed: --bf16 (float32 output)
+            return self.network(x / 255.0).float()
 
     def get_value(self, x):
-        # detail atari-9: scale pixels to [0, 1] inside the network (observations stay uint8)
-        return self.critic(self.network(x / 255.0))
+        return self.critic(self.trunk(x))
 
     def get_action_and_value(self, x, action=None):
-        hidden = self.network(x / 255.0)
+        hidden = self.trunk(x)
         logits = self.actor(hidden)
         # the Categorical distribution written out: torch's formulas, sampler and order of operations (so the same
         # bits, gradients included) without its per-call overhead
@@ -392,7 +399,7 @@ def train(args, run):
     # env setup
     envs = run.check_env(make_envs(args, run.name))  # one line naming the script to use, if this one cannot take them
 
-    agent = Agent(envs).to(device)
+    agent = Agent(envs, args.bf16).to(device)
     if not args.orthogonal_init:  # core-2 switched off: PyTorch's own init
         torch_default_init(agent)
     if args.channels_last:  # speed: oneDNN's NHWC convolution kernels (the same math, rounded differently)
@@ -566,6 +573,8 @@ def domain_error(args):
 
 def missing_piece_error(args):
     """A one-line error naming what to install or set for an optional piece the flags ask for, else None."""
+    if getattr(args, "bf16", False) and bf16_error(args):
+        return bf16_error(args)
     if args.capture_video and importlib.util.find_spec("moviepy") is None:
         return "--capture-video needs moviepy to encode the videos: pip install moviepy==2.2.1 (as in requirements.txt)"
     if args.track and os.environ.get("WANDB_MODE", "").lower() not in ("offline", "disabled", "dryrun"):
@@ -579,6 +588,27 @@ def missing_piece_error(args):
         if not (os.environ.get("WANDB_API_KEY") or logged_in):
             return "--track needs wandb credentials: run `wandb login` or set WANDB_API_KEY; or set WANDB_MODE=offline"
     return None
+
+
+def bf16_error(args):
+    """--bf16 where bfloat16 is not native (emulated: slower than float32), a one-line error; else None."""
+    if args.cuda and torch.cuda.is_available():
+        return None if torch.cuda.is_bf16_supported() else "--bf16: this GPU has no bfloat16 support; drop --bf16"
+    if cpu_flags() & {"avx512_bf16", "amx_bf16", "bf16"}:  # x86's AVX512-BF16 or AMX-BF16, Arm's BF16
+        return None
+    return (
+        "--bf16 needs a CPU with AVX512-BF16 or AMX-BF16 (or a GPU): this one has neither, and emulated bfloat16 is "
+        "slower than float32; drop --bf16 (--channels-last alone is the same math, faster)"
+    )
+
+
+def cpu_flags():
+    """The CPU's feature flags (/proc/cpuinfo's 'flags' on x86, 'Features' on Arm); empty where it cannot be read."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            return {w for line in f if line.startswith(("flags", "Features")) for w in line.split(":", 1)[1].split()}
+    except OSError:
+        return set()
 
 
 def check_args(args):
@@ -715,7 +745,7 @@ def args_from_checkpoint(checkpoint):
 
 # with --resume, these flags apply when given; any other flag must keep the run's value (it would change what is learned)
 RESUME_MAY_CHANGE = ["cuda", "torch_threads", "channels_last", "track", "wandb_project_name", "wandb_entity"]
-RESUME_MAY_CHANGE += ["wandb_group", "wandb_tags"]
+RESUME_MAY_CHANGE += ["wandb_group", "wandb_tags", "bf16"]
 RESUME_MAY_CHANGE += ["capture_video", "save_model", "save_every", "resume", "total_timesteps"]
 
 

@@ -37,6 +37,8 @@ class Args:
     """CPU threads for torch (0: torch's default); 1 is fastest for small networks and for runs sharing a machine"""
     channels_last: bool = False
     """if toggled, the convolutions' weights are stored channels-last (NHWC): faster on CPUs, float rounding differs"""
+    bf16: bool = False
+    """speed: the CNN's forward and backward in bfloat16 (autocast; needs AVX512-BF16/AMX-BF16 or a bf16 GPU)"""
     fused_lstm: bool = False
     """if toggled, one LSTM call per stretch without an episode end: faster; gradients summed in another order (rounding)"""
     track: bool = False
@@ -268,7 +270,7 @@ def torch_default_init(agent):
 
 
 class Agent(nn.Module):
-    def __init__(self, envs, reset_state=True, fused=False):
+    def __init__(self, envs, reset_state=True, fused=False, bf16=False):
         super().__init__()
         self.reset_state, self.fused = reset_state, fused
         # detail atari-8: shared Nature-CNN (32 8x8/4, 64 4x4/2, 64 3x3/1, 512 fc, ReLU) under policy and value heads
@@ -290,16 +292,21 @@ class Agent(nn.Module):
         # detail core-13: one trunk shared by the policy and value heads
         self.actor = layer_init(nn.Linear(128, envs.single_action_space.n), std=0.01)
         self.critic = layer_init(nn.Linear(128, 1), std=1.0)
+        self.bf16 = bf16  # --bf16: the CNN in bfloat16 (its output, the heads, log-softmax, ratio and loss in float32)
 
     def initial_state(self, num_envs):
         # detail lstm-2: LSTM state (hidden, cell) initialised to zeros
         shape = (self.lstm.num_layers, num_envs, self.lstm.hidden_size)
         return torch.zeros(shape, device=self.critic.weight.device), torch.zeros(shape, device=self.critic.weight.device)
 
+    def trunk(self, x):
+        # detail atari-9: scale pixels to [0, 1] inside the network (observations stay uint8)
+        with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=self.bf16):  # speed: --bf16 (float32 output)
+            return self.network(x / 255.0).float()
+
     def get_states(self, x, lstm_state, done):
         """Run time-major (T * n, ...) observations of n envs through the LSTM from `lstm_state`, step by step."""
-        # detail atari-9: scale pixels to [0, 1] inside the network (observations stay uint8)
-        hidden = self.network(x / 255.0)
+        hidden = self.trunk(x)
         num_envs = lstm_state[0].shape[1]
         hidden, done = hidden.reshape((-1, num_envs, self.lstm.input_size)), done.reshape((-1, num_envs))
         starts = list(range(len(done)))  # one LSTM call per step
@@ -430,7 +437,7 @@ def train(args, run):
     # env setup
     envs = run.check_env(make_envs(args, run.name))  # one line naming the script to use, if this one cannot take them
 
-    agent = Agent(envs, args.reset_lstm_state, args.fused_lstm).to(device)
+    agent = Agent(envs, args.reset_lstm_state, args.fused_lstm, args.bf16).to(device)
     if not args.orthogonal_init:  # core-2 switched off: PyTorch's own init
         torch_default_init(agent)
     if args.channels_last:  # speed: oneDNN's NHWC convolution kernels (the same math, rounded differently)
@@ -607,6 +614,8 @@ def domain_error(args):
 
 def missing_piece_error(args):
     """A one-line error naming what to install or set for an optional piece the flags ask for, else None."""
+    if getattr(args, "bf16", False) and bf16_error(args):
+        return bf16_error(args)
     if args.capture_video and importlib.util.find_spec("moviepy") is None:
         return "--capture-video needs moviepy to encode the videos: pip install moviepy==2.2.1 (as in requirements.txt)"
     if args.track and os.environ.get("WANDB_MODE", "").lower() not in ("offline", "disabled", "dryrun"):
@@ -620,6 +629,27 @@ def missing_piece_error(args):
         if not (os.environ.get("WANDB_API_KEY") or logged_in):
             return "--track needs wandb credentials: run `wandb login` or set WANDB_API_KEY; or set WANDB_MODE=offline"
     return None
+
+
+def bf16_error(args):
+    """--bf16 where bfloat16 is not native (emulated: slower than float32), a one-line error; else None."""
+    if args.cuda and torch.cuda.is_available():
+        return None if torch.cuda.is_bf16_supported() else "--bf16: this GPU has no bfloat16 support; drop --bf16"
+    if cpu_flags() & {"avx512_bf16", "amx_bf16", "bf16"}:  # x86's AVX512-BF16 or AMX-BF16, Arm's BF16
+        return None
+    return (
+        "--bf16 needs a CPU with AVX512-BF16 or AMX-BF16 (or a GPU): this one has neither, and emulated bfloat16 is "
+        "slower than float32; drop --bf16 (--channels-last alone is the same math, faster)"
+    )
+
+
+def cpu_flags():
+    """The CPU's feature flags (/proc/cpuinfo's 'flags' on x86, 'Features' on Arm); empty where it cannot be read."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            return {w for line in f if line.startswith(("flags", "Features")) for w in line.split(":", 1)[1].split()}
+    except OSError:
+        return set()
 
 
 def check_args(args):
@@ -748,7 +778,7 @@ def args_from_checkpoint(checkpoint):
 
 # with --resume, these flags apply when given; any other flag must keep the run's value (it would change what is learned)
 RESUME_MAY_CHANGE = ["cuda", "torch_threads", "channels_last", "track", "wandb_project_name", "wandb_entity"]
-RESUME_MAY_CHANGE += ["wandb_group", "wandb_tags"]
+RESUME_MAY_CHANGE += ["wandb_group", "wandb_tags", "bf16"]
 RESUME_MAY_CHANGE += ["capture_video", "save_model", "save_every", "resume", "total_timesteps"]
 
 

@@ -431,6 +431,8 @@ def domain_error(args):
 
 def missing_piece_error(args):
     """A one-line error naming what to install or set for an optional piece the flags ask for, else None."""
+    if getattr(args, "bf16", False) and bf16_error(args):
+        return bf16_error(args)
     if args.capture_video and importlib.util.find_spec("moviepy") is None:
         return "--capture-video needs moviepy to encode the videos: pip install moviepy==2.2.1 (as in requirements.txt)"
     if args.track and os.environ.get("WANDB_MODE", "").lower() not in ("offline", "disabled", "dryrun"):
@@ -444,6 +446,27 @@ def missing_piece_error(args):
         if not (os.environ.get("WANDB_API_KEY") or logged_in):
             return "--track needs wandb credentials: run `wandb login` or set WANDB_API_KEY; or set WANDB_MODE=offline"
     return None
+
+
+def bf16_error(args):
+    """--bf16 where bfloat16 is not native (emulated: slower than float32), a one-line error; else None."""
+    if args.cuda and torch.cuda.is_available():
+        return None if torch.cuda.is_bf16_supported() else "--bf16: this GPU has no bfloat16 support; drop --bf16"
+    if cpu_flags() & {"avx512_bf16", "amx_bf16", "bf16"}:  # x86's AVX512-BF16 or AMX-BF16, Arm's BF16
+        return None
+    return (
+        "--bf16 needs a CPU with AVX512-BF16 or AMX-BF16 (or a GPU): this one has neither, and emulated bfloat16 is "
+        "slower than float32; drop --bf16 (--channels-last alone is the same math, faster)"
+    )
+
+
+def cpu_flags():
+    """The CPU's feature flags (/proc/cpuinfo's 'flags' on x86, 'Features' on Arm); empty where it cannot be read."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            return {w for line in f if line.startswith(("flags", "Features")) for w in line.split(":", 1)[1].split()}
+    except OSError:
+        return set()
 
 
 def check_args(args):
@@ -574,7 +597,7 @@ def args_from_checkpoint(checkpoint):
 
 # with --resume, these flags apply when given; any other flag must keep the run's value (it would change what is learned)
 RESUME_MAY_CHANGE = ["cuda", "torch_threads", "channels_last", "track", "wandb_project_name", "wandb_entity"]
-RESUME_MAY_CHANGE += ["wandb_group", "wandb_tags"]
+RESUME_MAY_CHANGE += ["wandb_group", "wandb_tags", "bf16"]
 RESUME_MAY_CHANGE += ["capture_video", "save_model", "save_every", "resume", "total_timesteps"]
 
 

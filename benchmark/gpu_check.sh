@@ -48,6 +48,7 @@ part variants && check ppo python "$ROOT/ppo.py" --cuda --total-timesteps 1024
 part variants && check ppo_shared python "$ROOT/ppo_shared.py" --cuda --total-timesteps 1024
 part variants && check ppo_continuous_action python "$ROOT/ppo_continuous_action.py" --cuda --total-timesteps 4096
 part variants && check ppo_atari python "$ROOT/ppo_atari.py" --cuda --total-timesteps 2048
+part variants && check ppo_atari_bf16 python "$ROOT/ppo_atari.py" --cuda --bf16 --total-timesteps 1024  # one iteration
 part variants && check ppo_atari_envpool python "$ROOT/ppo_atari_envpool.py" --cuda --total-timesteps 2048
 part variants && check ppo_atari_lstm python "$ROOT/ppo_atari_lstm.py" --cuda --total-timesteps 2048
 part variants && check ppo_atari_multigpu python "$ROOT/ppo_atari_multigpu.py" --cuda --total-timesteps 2048

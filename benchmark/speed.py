@@ -6,11 +6,14 @@
     python benchmark/speed.py --script-args="--torch-threads 2" ppo_atari.py   # flags added to each training run
     python benchmark/speed.py --against HEAD~3 ppo.py ppo_atari.py  # before/after: each script beside its REV version
     python benchmark/speed.py --with-flags=--fused-lstm ppo_atari_lstm.py other/ppo_atari_lstm.py  # also with a flag
+    python benchmark/speed.py --with-flags=--channels-last --with-flags=--bf16 --with-flags="--bf16 --channels-last" \
+        ppo_atari_envpool.py                        # several modes side by side, one run
 
 `--against REV` takes each script as it was at the git revision REV (`git show REV:<script>` into a temporary folder;
 the scripts import nothing of ours) and measures it next to the current one, runs interleaved, with the ratio.
 `--with-flags FLAGS` also measures each script of this repository with FLAGS added (e.g. an opt-in speed flag),
-interleaved with it; a script given by a path outside the repository (e.g. another implementation) runs without them.
+interleaved with it (repeat it for several sets of flags, each measured and shown beside the plain run); a script
+given by a path outside the repository (e.g. another implementation) runs without them.
 
 For each script: env-only throughput (random actions through the script's own `make_envs`, so the same wrappers
 and vector env), and training SPS measured from the TensorBoard events of a run of the script itself, between
@@ -96,7 +99,9 @@ def main():
     parser.add_argument("--env-seconds", type=float, default=5.0, help="seconds per env-only measurement")
     parser.add_argument("--script-args", default="", help="flags added to every training run (one string)")
     parser.add_argument("--against", metavar="REV", help="also measure each script as it was at git revision REV")
-    parser.add_argument("--with-flags", default="", help="also measure each current script with these flags added")
+    parser.add_argument(
+        "--with-flags", action="append", default=[], help="also measure each current script with these flags (repeatable)"
+    )
     opts = parser.parse_args()
     if opts.repeats < 1 or not opts.env_seconds > 0 or (opts.train_steps is not None and opts.train_steps < 1):
         parser.error("--repeats and --train-steps must be at least 1, and --env-seconds above 0")
@@ -117,9 +122,8 @@ def main():
         env_id, flags, steps, warmup = DEFAULTS.get(paths[-1].name, DEFAULTS["ppo.py"])
         env_id, steps = opts.env_id or env_id, opts.train_steps or steps
         flags = [*flags, *shlex.split(opts.script_args)]
-        with_flags = shlex.split(opts.with_flags)
-        current = with_flags and paths[-1].is_relative_to(ROOT)  # --with-flags: the scripts of this repository
-        runs = [(path, "") for path in paths] + ([(paths[-1], opts.with_flags)] if current else [])  # (path, added)
+        current = opts.with_flags and paths[-1].is_relative_to(ROOT)  # --with-flags: the scripts of this repository
+        runs = [(path, "") for path in paths] + ([(paths[-1], f) for f in opts.with_flags] if current else [])
         env_runs, train_runs = {r: [] for r in runs}, {r: [] for r in runs}
         for _ in range(opts.repeats):
             for path, added in runs:
@@ -131,23 +135,24 @@ def main():
             shown = f"{path.name}@{opts.against}" if path.is_relative_to(Path(old.name).resolve()) else shown
             shown = f"{shown} {added}".strip()
             label = f"{shown} {opts.script_args}".strip()
-            rows.append((label, env_id, env_sps, train_sps, train_sps / env_sps, train_runs[path, added]))
+            rows.append((label, env_id, env_sps, train_sps, train_sps / env_sps, train_runs[path, added], path, added))
             print(
                 f"measured {shown}: env-only {env_sps:,.0f}, training {train_sps:,.0f} ({train_runs[path, added]})", flush=True
             )
     print(f"\nmedian of {opts.repeats}; {os.cpu_count()} CPUs; {time.strftime('%Y-%m-%d')}\n")
     print("| script | env | env-only steps/s | training SPS | training / env-only |")
     print("|---|---|---|---|---|")
-    for script, env_id, env_sps, train_sps, ratio, _ in rows:
+    for script, env_id, env_sps, train_sps, ratio, *_ in rows:
         print(f"| {script} | {env_id} | {env_sps:,.0f} | {train_sps:,.0f} | {ratio:.2f} |")
     old.cleanup()
-    flagged = [(plain, row) for plain, row in zip(rows, rows[1:]) if opts.with_flags and row[0].startswith(plain[0] + " ")]
-    if flagged:
-        print(f"\n| script | env | SPS | with {opts.with_flags} SPS | with / without |")
-        print("|---|---|---|---|---|")
-        for plain, row in flagged:
-            print(f"| {plain[0]} | {plain[1]} | {plain[3]:,.0f} | {row[3]:,.0f} | {row[3] / plain[3]:.2f} |")
-    pairs = [(b, a) for b, a in zip(rows, rows[1:]) if "@" in b[0].split()[0] and "@" not in a[0].split()[0]]
+    flagged = {row[6]: [r for r in rows if r[6] == row[6] and r[7]] for row in rows if not row[7]}  # plain path -> rows
+    if any(flagged.values()):
+        print("\n| script | env | SPS | " + " | ".join(f"with {f} SPS | with / without" for f in opts.with_flags) + " |")
+        print("|---|---|---|" + "---|---|" * len(opts.with_flags))
+        for plain in (r for r in rows if not r[7] and flagged[r[6]]):
+            cells = [f"{row[3]:,.0f} | {row[3] / plain[3]:.2f}" for row in flagged[plain[6]]]
+            print(f"| {plain[0]} | {plain[1]} | {plain[3]:,.0f} | " + " | ".join(cells) + " |")
+    pairs = [(b, a) for b, a in zip(rows, rows[1:]) if "@" in b[0].split()[0] and "@" not in a[0].split()[0] and not a[7]]
     if pairs:
         print(f"\n| script | env | before ({opts.against}) SPS | after SPS | after / before |")
         print("|---|---|---|---|---|")

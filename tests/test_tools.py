@@ -532,14 +532,16 @@ def test_speed_against_a_revision_runs_both_interleaved():
 
 
 def test_speed_with_flags_measures_each_script_also_with_them():
-    args = ["--with-flags=--no-anneal-lr", "--repeats", "1", "--train-steps", "4096", "--env-seconds", "0.3", "ppo.py"]
-    res = tool("benchmark/speed.py", *args, timeout=300)
+    args = ["--with-flags=--no-anneal-lr", "--with-flags=--no-norm-adv --no-anneal-lr", "--repeats", "1"]
+    res = tool("benchmark/speed.py", *args, "--train-steps", "4096", "--env-seconds", "0.3", "ppo.py", timeout=300)
     assert res.returncode == 0, res.stderr[-2000:]
     assert res.stdout.index("measured ppo.py:") < res.stdout.index("measured ppo.py --no-anneal-lr:")  # interleaved
+    assert "measured ppo.py --no-norm-adv --no-anneal-lr:" in res.stdout  # each set of flags, side by side
     table = res.stdout[res.stdout.index("with / without |") :]
     (row,) = [line for line in table.splitlines() if line.startswith("| ppo.py | CartPole-v1 |")]
-    plain, flagged, ratio = (float(c.strip().replace(",", "")) for c in row.strip("|").split("|")[2:5])
-    assert ratio == pytest.approx(flagged / plain, abs=0.01)
+    cells = [float(c.strip().replace(",", "")) for c in row.strip("|").split("|")[2:]]
+    plain, flagged, ratio, both, both_ratio = cells
+    assert ratio == pytest.approx(flagged / plain, abs=0.01) and both_ratio == pytest.approx(both / plain, abs=0.01)
 
 
 @pytest.mark.parametrize(

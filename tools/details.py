@@ -104,7 +104,11 @@ DETAILS = {
     "atari-7": ("FrameStack", "The observation stacks the last 4 frames, so that the policy can see motion."),
     "atari-8": (
         "shared Nature-CNN",
-        "One Nature-DQN trunk (3 conv layers + 512-unit linear) feeds both the policy and the value head.",
+        "One Nature-DQN trunk (3 conv layers + 512-unit linear) feeds both the policy and the value head. "
+        "`--bf16` (a speed option, off by default) runs this trunk under bfloat16 autocast, forward and backward; its "
+        "output, the heads, log-softmax, the ratio, the loss, GAE and the value targets, the weights and Adam's state "
+        "stay float32. Only rounding changes: on Breakout the first minibatch's |ratio − 1| is at most 1.5e-5 "
+        "(float32: 4.8e-7; `python benchmark/first_ratio.py ppo_atari_envpool.py --bf16`).",
     ),
     "atari-9": ("scale pixels to [0, 1]", "The network divides the uint8 observations by 255."),
     "continuous-1": (

@@ -1,0 +1,53 @@
+"""How far the first minibatch's probability ratio is from 1: the rollout's and the update's forward passes agree?
+
+    python benchmark/first_ratio.py ppo_atari_envpool.py --total-timesteps 16384            # float32
+    python benchmark/first_ratio.py ppo_atari_envpool.py --total-timesteps 16384 --bf16     # bfloat16 autocast
+
+Runs the script in this process with its ppo_loss observed. The first minibatch of each update sees the weights the
+rollout used, so its ratio is 1 up to the rounding of the two forward passes (batch sizes differ, so do kernels);
+prints that gap (mean and max of |ratio - 1|) and the clip fraction of all minibatches."""
+
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from conftest import load_script  # noqa: E402
+
+
+def main(argv):
+    if not argv or not argv[0].endswith(".py"):
+        sys.exit("error: give a variant script first, e.g. python benchmark/first_ratio.py ppo_atari_envpool.py --bf16")
+    module = load_script(Path(argv[0]).name)
+    loss, first, clipfracs, seen = module.ppo_loss, [], [], {"n": 0}
+    per_update = None
+
+    def observed(newlogprob, entropy, newvalue, oldlogprob, *args, **kwargs):
+        out = loss(newlogprob, entropy, newvalue, oldlogprob, *args, **kwargs)
+        if seen["n"] % per_update == 0:  # the update's first minibatch
+            gap = ((newlogprob - oldlogprob).detach().exp() - 1).abs()
+            first.append((gap.mean().item(), gap.max().item()))
+        clipfracs.append(out[-1].item())
+        seen["n"] += 1
+        return out
+
+    module.ppo_loss = observed
+    args = module.tyro.cli(module.Args, args=argv[1:])
+    module.check_args(args)
+    per_update = args.num_minibatches * args.update_epochs  # minibatches of an update (no --target-kl here)
+    sys.argv = [argv[0], *argv[1:], "--exp-name", "first_ratio"]
+    try:
+        module.main()
+    except SystemExit as e:
+        if e.code:
+            raise
+    gaps = np.array(first)
+    print(
+        f"{len(gaps)} updates: first minibatch |ratio - 1| mean {gaps[:, 0].mean():.2e}, max {gaps[:, 1].max():.2e}; "
+        f"clip fraction over all minibatches {np.mean(clipfracs):.4f}"
+    )
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

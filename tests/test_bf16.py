@@ -1,0 +1,89 @@
+"""--bf16 in the four Atari scripts: the CNN under bfloat16 autocast, everything from its output on in float32."""
+
+import math
+import subprocess
+import sys
+
+import pytest
+import torch
+from conftest import ROOT, load_script, run_dirs, run_script
+from tbutil import read_scalars
+
+ATARI = ["ppo_atari.py", "ppo_atari_envpool.py", "ppo_atari_lstm.py", "ppo_atari_multigpu.py"]
+TINY = ["--num-envs", 2, "--num-steps", 32, "--num-minibatches", 2, "--total-timesteps", 128, "--torch-threads", 1]
+ONE_THREAD = {"OMP_NUM_THREADS": "1"}
+
+
+def native_bf16():
+    return load_script("ppo_atari.py").bf16_error(load_script("ppo_atari.py").Args(cuda=False)) is None
+
+
+needs_bf16 = pytest.mark.skipif(not native_bf16(), reason="this CPU has no AVX512-BF16 or AMX-BF16 (--bf16 is refused)")
+
+
+@pytest.mark.parametrize("script", ATARI)
+def test_autocast_reaches_the_convolutions_and_the_rest_stays_float32(script):
+    module = load_script(script)
+    args = module.Args(num_envs=2)
+    envs = module.make_envs(args, "test")
+    torch.manual_seed(0)
+    lstm = script == "ppo_atari_lstm.py"
+    agent = module.Agent(envs, bf16=True)
+    envs.close()
+    seen = []
+    for layer in agent.network:
+        if isinstance(layer, torch.nn.Conv2d | torch.nn.Linear):
+            layer.register_forward_hook(lambda m, inputs, out: seen.append((inputs[0].dtype, out.dtype, m.weight.dtype)))
+    x = torch.randint(0, 255, (2,) + envs.single_observation_space.shape, dtype=torch.uint8)
+    state = (agent.initial_state(2), torch.zeros(2)) if lstm else ()
+    action, logprob, entropy, value, *_ = agent.get_action_and_value(x, *state)
+    assert len(seen) == 4 and all(s == (torch.bfloat16, torch.bfloat16, torch.float32) for s in seen[1:]), seen
+    assert seen[0][1:] == (torch.bfloat16, torch.float32)  # the first conv's input is cast inside autocast
+    assert logprob.dtype == entropy.dtype == value.dtype == torch.float32  # log-softmax, the ratio's inputs, the value
+    assert all(p.dtype == torch.float32 for p in agent.parameters())  # the weights (and so Adam's state) stay float32
+    ratio = (logprob - logprob.detach()).exp()
+    assert ratio.dtype == torch.float32
+    assert not module.Agent(envs).bf16 and module.Args().bf16 is False  # off by default
+
+
+@needs_bf16
+@pytest.mark.parametrize("script", ATARI)
+def test_a_tiny_bf16_run_trains_and_is_deterministic(script, tmp_path):
+    losses = []
+    for name in ("a", "b") if script == "ppo_atari.py" else ("a",):
+        res = run_script(script, *TINY, "--bf16", "--exp-name", name, cwd=tmp_path, env=ONE_THREAD)
+        assert res.returncode == 0, res.stderr[-2000:]
+        (run_dir,) = [d for d in run_dirs(tmp_path) if f"__{name}__" in d.name]
+        scalars = {t: v for t, v in read_scalars(run_dir).items() if t.startswith("losses/")}
+        assert all(math.isfinite(v) for values in scalars.values() for _, v in values)
+        losses.append(scalars)
+    assert losses[0] == losses[-1]  # the same seed, the same bfloat16 run, to the bit
+    if script == "ppo_atari.py":  # and not the float32 run
+        res = run_script(script, *TINY, "--exp-name", "fp32", cwd=tmp_path, env=ONE_THREAD)
+        (run_dir,) = [d for d in run_dirs(tmp_path) if "__fp32__" in d.name]
+        fp32 = {t: v for t, v in read_scalars(run_dir).items() if t.startswith("losses/")}
+        assert fp32 != losses[0]
+
+
+def test_bf16_without_native_support_is_refused_in_one_line(monkeypatch):
+    module = load_script("ppo_atari.py")
+    args = module.Args(bf16=True, cuda=False)
+    monkeypatch.setattr(module, "cpu_flags", lambda: {"avx2", "avx512f"})  # a CPU without bfloat16 instructions
+    error = module.check_args(args)
+    assert error and error.startswith("--bf16 needs a CPU with AVX512-BF16 or AMX-BF16") and "\n" not in error
+    for flags in ({"amx_bf16"}, {"avx512_bf16"}, {"bf16"}):  # Sapphire Rapids, Cooper Lake, Arm
+        monkeypatch.setattr(module, "cpu_flags", lambda flags=flags: flags)
+        assert module.check_args(module.Args(bf16=True, cuda=False)) is None
+    monkeypatch.setattr(module, "cpu_flags", lambda: set())
+    assert module.check_args(module.Args(cuda=False)) is None  # without --bf16 nothing is asked of the CPU
+
+
+def test_bf16_refused_before_anything_starts(tmp_path):
+    # the script's own check, with a CPU flags reader that finds nothing (as on a CPU without bfloat16)
+    script = tmp_path / "ppo_atari.py"
+    source = (ROOT / "ppo_atari.py").read_text()
+    script.write_text(source.replace('with open("/proc/cpuinfo", encoding="utf-8") as f:', 'with open("/nonexistent") as f:'))
+    res = subprocess.run([sys.executable, str(script), "--bf16", "--no-cuda"], cwd=tmp_path, capture_output=True, text=True)
+    lines = res.stderr.strip().splitlines()
+    assert res.returncode == 1 and len(lines) == 1 and lines[0].startswith("error: --bf16 needs a CPU"), res.stderr
+    assert not (tmp_path / "runs").exists()
