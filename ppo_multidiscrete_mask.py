@@ -783,7 +783,8 @@ def track_evaluation(args, returns):
     for file in sorted(os.listdir(folder)) if args.capture_video and os.path.isdir(folder) else []:
         if file.startswith("rl-video-episode-") and file.endswith(".mp4"):  # RecordVideo's names: the episode's index
             episode = int(file[len("rl-video-episode-") : -len(".mp4")])
-            wandb.log({"videos": wandb.Video(os.path.join(folder, file), format="mp4"), "episode": episode})
+            if episode < len(returns):  # not a video left from an earlier, longer evaluation of the same checkpoint
+                wandb.log({"videos": wandb.Video(os.path.join(folder, file), format="mp4"), "episode": episode})
     wandb.run.summary.update({"eval/mean_return": float(np.mean(returns)), "trained_steps": checkpoint["global_step"]})
     wandb.finish()
 

@@ -64,6 +64,9 @@ def test_a_resumed_run_continues_the_same_wandb_run_without_duplicated_points(tm
     assert steps_of(first, "losses/value_loss") == [512]
     assert steps_of(resumed, "losses/value_loss") == [1024, 1536]  # from the checkpoint on, nothing twice
     # an evaluation of the checkpoint: a run of its own, labelled, with each episode's return and its videos
+    stale = Path(tmp_path, "videos", run_dir.name + "-eval", "rl-video-episode-8.mp4")  # of an earlier, longer one
+    stale.parent.mkdir(parents=True)
+    stale.write_bytes(b"a video of another evaluation")
     run("--eval-checkpoint", run_dir / "checkpoint.pt", "--eval-episodes", 2, "--capture-video", "--track", cwd=tmp_path)
     evaluation = offline_runs(tmp_path)[-1]
     assert evaluation["id"] != first["id"] and evaluation["name"] == run_dir.name + "-eval"
