@@ -398,7 +398,7 @@ OWN_PLUMBING = ["check_args", "check_env", "evaluate"]
 # the domain of each numeric flag, checked before anything starts: (field, test, what is allowed); NaN fails every test
 FLAG_DOMAINS = [
     ("seed", lambda v: 0 <= v < 2**32, "an integer in [0, 2**32)"),
-    ("total_timesteps", lambda v: v >= 1, "at least 1"),
+    ("total_timesteps", lambda v: 1 <= v < 2**63, "in [1, 2**63) (TensorBoard's steps are int64)"),
     ("num_envs", lambda v: v >= 1, "at least 1"),
     ("num_steps", lambda v: v >= 1, "at least 1"),
     ("num_minibatches", lambda v: v >= 1, "at least 1"),
@@ -413,10 +413,10 @@ FLAG_DOMAINS = [
     ("adam_eps", lambda v: v > 0, "above 0 (ppo2: 1e-5)"),
     ("noop_max", lambda v: v >= 0, "at least 0 (0: no no-op frames)"),
     ("target_kl", lambda v: v is None or v > 0, "above 0 (or left out: no early stopping)"),
-    ("torch_threads", lambda v: v >= 0, "at least 0 (0: torch's default)"),
+    ("torch_threads", lambda v: 0 <= v <= (os.cpu_count() or 1), f"in [0, {os.cpu_count() or 1}], the CPUs (0: torch's)"),
     ("save_every", lambda v: v >= 0, "at least 0 (0: a checkpoint only at the end)"),
     ("eval_episodes", lambda v: v >= 1, "at least 1"),
-    ("max_episode_frames", lambda v: v is None or v >= 1, "at least 1 (or left out: ppo2's, 400000; SpaceInvaders 300000)"),
+    ("max_episode_frames", lambda v: v is None or 1 <= v < 2**31, "in [1, 2**31), ALE's int (or left out: ppo2's, 400000)"),
     ("frame_stack", lambda v: v >= 1, "at least 1"),
 ]
 
@@ -426,12 +426,83 @@ def domain_error(args):
     for field, ok, allowed in FLAG_DOMAINS:
         if hasattr(args, field) and not ok(getattr(args, field)):
             return f"--{field.replace('_', '-')} {getattr(args, field)} is not allowed: it must be {allowed}"
+    for field, value in vars(args).items():  # inf in any float flag: the losses would turn into NaN
+        if isinstance(value, float) and not np.isfinite(value):
+            return f"--{field.replace('_', '-')} {value} is not allowed: it must be a finite number"
     return None
+
+
+def limits_error(args):
+    """A one-line error for settings past what the backends take (a name wandb refuses, a name that makes no run folder,
+    a rollout larger than the memory), else None; an evaluation stores no rollout, a resumed run keeps its folder."""
+    if args.track and (len(args.wandb_project_name) > 128 or set("/\\#?%:") & set(args.wandb_project_name)):
+        name = args.wandb_project_name
+        return f"--wandb-project-name {name!r} is not allowed: wandb takes at most 128 characters, none of /\\#?%:"
+    for tag in args.wandb_tags if args.track else ():
+        if not 1 <= len(tag) <= 64:
+            return f"--wandb-tags {tag!r} is not allowed: wandb takes tags of 1 to 64 characters"
+    if args.eval_checkpoint:
+        return None
+    folder = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}".split("/")[-1]  # the run's folder name
+    bad_name = not args.exp_name or "/" in args.exp_name or not args.exp_name.isprintable() or len(folder.encode()) > 255
+    if bad_name and not args.resume:
+        return (
+            f"--exp-name {args.exp_name!r} is not allowed: it names the run's folder <env_id>__<exp_name>__<seed>__<time>, "
+            "so it must be printable, without '/', and keep that name within 255 bytes"
+        )
+    # per env step: Atari's uint8 frames (others' observations are counted once the envs are made), the action, 6 floats
+    return memory_error(args, (args.frame_stack * 84 * 84 if hasattr(args, "frame_stack") else 0) + 4 + 24)
+
+
+def memory_error(args, per_step):
+    """A one-line error when the rollout's storage, num_steps x num_envs x `per_step` bytes, is larger than the memory
+    available for it (with --cuda the GPU's, torchrun's ranks a GPU each; else the RAM's), else None. The envs, the network
+    and the update take more on top: this refuses what cannot fit, before anything starts."""
+    need, ranks = args.num_steps * args.num_envs * per_step, os.environ.get("WORLD_SIZE", "1")
+    if args.cuda and torch.cuda.is_available():
+        local_rank = int(os.environ.get("LOCAL_RANK", "0")) if os.environ.get("LOCAL_RANK", "0").isdigit() else 0
+        need //= max(int(ranks), 1) if ranks.isdigit() else 1  # the envs split over the ranks' GPUs
+        free, where = torch.cuda.mem_get_info(local_rank % torch.cuda.device_count())[0], "GPU memory"
+    else:
+        free, where = available_ram(), "RAM"
+    if free is not None and need > free:
+        return (
+            f"the rollout needs {need / 2**30:.1f} GiB of {where} (--num-steps {args.num_steps} x --num-envs {args.num_envs} "
+            f"x {per_step} bytes) but {free / 2**30:.1f} GiB is available; lower --num-steps or --num-envs"
+        )
+    return None
+
+
+def available_ram():
+    """Bytes of RAM available (Linux: MemAvailable, within a container's cgroup limit; elsewhere all RAM), None if unknown."""
+    try:
+        with open("/proc/meminfo", encoding="utf-8") as f:
+            free = next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration, ValueError):
+        try:
+            return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (AttributeError, OSError, ValueError):  # no sysconf (Windows)
+            return None
+    try:
+        with open("/sys/fs/cgroup/memory.max", encoding="utf-8") as f, open("/sys/fs/cgroup/memory.current") as g:
+            limit = f.read().strip()
+            free = free if limit == "max" else min(free, int(limit) - int(g.read()))
+    except (OSError, ValueError):  # not in a cgroup v2 container
+        pass
+    return free
+
+
+def step_bytes(envs):
+    """Bytes the rollout stores per env step (a lower bound): the observation (uint8 images as uint8, others as float32),
+    the action and 6 floats (log-prob, reward, done, value, advantage, return); MicroRTS's masks are not counted."""
+    obs, action = envs.single_observation_space, envs.single_action_space
+    image = obs.dtype == np.uint8 and len(obs.shape) == 3
+    return int(np.prod(obs.shape)) * (1 if image else 4) + 4 * int(np.prod(action.shape)) + 24
 
 
 def missing_piece_error(args):
     """A one-line error naming what to install or set for an optional piece the flags ask for, else None."""
-    if getattr(args, "bf16", False) and bf16_error(args):
+    if getattr(args, "bf16", False) and not args.eval_checkpoint and bf16_error(args):  # an evaluation plays in float32
         return bf16_error(args)
     if args.capture_video and importlib.util.find_spec("moviepy") is None:
         return "--capture-video needs moviepy to encode the videos: pip install moviepy==2.2.1 (as in requirements.txt)"
@@ -478,7 +549,7 @@ def check_args(args):
         if getattr(args, field) not in (0, value):  # given on the command line: it would be silently overwritten
             return f"--{field.replace('_', '-')} is computed from the other flags ({value} here), not set; drop it"
         setattr(args, field, value)
-    error = domain_error(args) or missing_piece_error(args)
+    error = domain_error(args) or limits_error(args) or missing_piece_error(args)
     if error:
         return error
     if args.batch_size % args.num_minibatches != 0:
@@ -559,14 +630,36 @@ def save_checkpoint(path, agent, optimizer, args, run_name, iteration, rng, wand
             os.remove(tmp_path)
         raise
     except (OSError, RuntimeError) as e:  # torch reports a failed write as RuntimeError
+        reason = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        if isinstance(e, RuntimeError) and disk_free(os.path.dirname(path)) < 2**20:  # torch's message does not say so
+            reason = "No space left on device"
         if os.path.exists(tmp_path):
             os.remove(tmp_path)
-        reason = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        print(f"error: cannot write the checkpoint {path} ({reason}); the previous one is kept", file=sys.stderr, flush=True)
+        kept = "the previous one is kept" if os.path.exists(path) else "there is no earlier one"
+        print(f"error: cannot write the checkpoint {path} ({reason}); {kept}", file=sys.stderr, flush=True)
         return False
 
 
-def load_checkpoint(path):
+# checkpoints that a script's --eval-checkpoint plays though another script wrote them (the same network and observations)
+PLAYS_ALSO = {
+    "ppo_atari.py": {
+        "ppo_atari_envpool.py": "ale-py's games, not envpool's: the same 84x84 gray frames (4 stacked) and game settings, "
+        "but after a life loss 1 no-op step here, 1 to --noop-max no-op frames in envpool"
+    }
+}
+
+
+def disk_free(folder):
+    """Bytes free on the disk holding `folder` (infinite if unknown)."""
+    import shutil
+
+    try:
+        return shutil.disk_usage(folder or ".").free
+    except OSError:
+        return float("inf")
+
+
+def load_checkpoint(path, evaluating=False):
     """Load a checkpoint as tensors and plain types only (no code can run); exit with one line if unusable."""
     if os.path.isdir(path):
         sys.exit(f"error: checkpoint '{path}' is a directory; give the file, e.g. runs/<run_name>/checkpoint.pt")
@@ -586,7 +679,8 @@ def load_checkpoint(path):
     needed = {"script", "model", "optimizer", "args", "run_name", "iteration", "global_step", "rng"}
     if not isinstance(checkpoint, dict) or not needed <= checkpoint.keys():
         sys.exit(f"error: '{path}' is not a checkpoint written by this project's scripts")
-    if checkpoint["script"] != os.path.basename(__file__):
+    plays_also = PLAYS_ALSO.get(os.path.basename(__file__), {}) if evaluating else {}
+    if checkpoint["script"] != os.path.basename(__file__) and checkpoint["script"] not in plays_also:
         sys.exit(f"error: '{path}' was written by {checkpoint['script']}; load it with that script")
     return checkpoint
 
@@ -622,27 +716,122 @@ def resume_args(cli, checkpoint, argv):
 
 
 class StopRequest:
-    """Ctrl-C or SIGTERM asks the loop to stop at the next safe point; a second signal stops at once."""
+    """Ctrl-C or SIGTERM asks the loop to stop at the next safe point; a second signal stops at once (KeyboardInterrupt),
+    a third exits there and then. main() makes it first, so it covers every phase; `plan()` says what the first does."""
+
+    active = None  # the process's, once made
 
     def __init__(self):
-        self.signum = None
+        self.signum, self.raised, self.plan = None, False, lambda: "stopping"
         signal.signal(signal.SIGINT, self.handler)
         signal.signal(signal.SIGTERM, self.handler)
+        StopRequest.active = self
 
     def handler(self, signum, frame):
+        if self.raised:  # a third signal while the second one's closing goes on (envs, logs, wandb): exit now
+            os._exit(128 + self.signum)
         if self.signum is not None:
+            self.raised = True
             raise KeyboardInterrupt
         self.signum = signum
-        print(f"\n{signal.Signals(signum).name} received: stopping after a checkpoint (send again to stop now)", flush=True)
+        print(f"\n{signal.Signals(signum).name} received: {self.plan()} (send again to stop now)", flush=True)
+
+
+def stop_requested():
+    """True once Ctrl-C or SIGTERM came (an evaluation stops playing)."""
+    return StopRequest.active is not None and StopRequest.active.signum is not None
+
+
+def evaluate_or_stop(args, device):
+    """evaluate(); after Ctrl-C / SIGTERM, the episodes played so far are reported and it exits with 128 + the signal."""
+    stop = StopRequest.active or StopRequest()
+    stop.plan = lambda: "stopping the evaluation; the episodes played so far are reported"
+    if args.capture_video:
+        keep_earlier_evaluation(args.eval_checkpoint)
+    try:
+        returns = evaluate(args.eval_checkpoint, args.eval_episodes, device, capture_video=args.capture_video)
+    except KeyboardInterrupt:  # a second signal: at once
+        sys.exit(128 + stop.signum)
+    if stop.signum:
+        print(f"eval: stopped by {signal.Signals(stop.signum).name} after {len(returns)} of {args.eval_episodes} episodes")
+        if returns:
+            print(f"eval: {len(returns)} episodes, mean return {np.mean(returns):.2f} +- {np.std(returns):.2f}")
+            print("eval: each episode's return, in order:", " ".join(f"{r:g}" for r in returns))
+        sys.exit(128 + stop.signum)
+    return returns
+
+
+def keep_earlier_evaluation(checkpoint_path):
+    """--capture-video: an earlier evaluation's videos in videos/<run_name>-eval/ are kept, moved to the first free
+    videos/<run_name>-eval-<k>/, so that this evaluation records into videos/<run_name>-eval/ (and wandb gets its own)."""
+    folder = f"videos/{load_checkpoint(checkpoint_path, evaluating=True)['run_name']}-eval"
+    if os.path.isdir(folder) and os.listdir(folder):
+        k = 1
+        while os.path.exists(f"{folder}-{k}"):
+            k += 1
+        try:
+            os.rename(folder, f"{folder}-{k}")
+            print(f"the videos of an earlier evaluation are kept in {folder}-{k}/", flush=True)
+        except OSError:  # another evaluation moved it meanwhile
+            pass
+
+
+def resume_folder(resume, run_name):
+    """(folder, moved): a resumed run goes on in its checkpoint's folder. When that is <root>/runs/<run_name>, the run
+    works from <root> (its videos/ and wandb/ beside its runs/) wherever it was started from: moved tells it went there."""
+    folder = os.path.dirname(os.path.abspath(resume))
+    tail = os.sep + os.path.join("runs", run_name)
+    if folder.endswith(tail) and folder[: -len(tail)] != os.getcwd():
+        os.chdir(folder[: -len(tail)] or os.sep)
+        return folder, True
+    return os.path.dirname(resume) or ".", False
+
+
+def make_folder(path):
+    """os.mkdir, atomic: True if this process made `path`, False if it was there (another run took it first)."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    try:
+        os.mkdir(path)
+        return True
+    except FileExistsError:
+        return False
+
+
+def video_recorder(envs):
+    """The RecordVideo wrapper of the first environment (--capture-video), or None."""
+    env = envs
+    while env is not None and not isinstance(getattr(env, "envs", None), list):  # vector wrappers, to the vector env
+        env = getattr(env, "env", None)
+    env = env.envs[0] if env is not None else None
+    while env is not None and not isinstance(env, gym.wrappers.RecordVideo):
+        env = getattr(env, "env", None)
+    return env
+
+
+def video_numbers(folder):
+    """The episode numbers of RecordVideo's videos in `folder` (rl-video-episode-<n>.mp4)."""
+    names = os.listdir(folder) if os.path.isdir(folder) else []
+    stems = [f[len("rl-video-episode-") : -len(".mp4")] for f in names if f.startswith("rl-video-episode-")]
+    return [int(s) for s in stems if s.isdigit()]
+
+
+def quiet_writer_thread():
+    """TensorBoard's writer thread stops quietly on a failed write (a full disk): the loop's next write raises the same
+    error, which main() says in one line (threading.excepthook, for that thread alone)."""
+    import threading
+
+    default = threading.excepthook
+    threading.excepthook = lambda hook: None if type(hook.thread).__name__ == "_AsyncWriterThread" else default(hook)
 
 
 def evaluate(checkpoint_path, eval_episodes, device, capture_video=False):
     """Play `eval_episodes` episodes with a checkpoint's policy (actions sampled) and return their returns.
 
     With `capture_video`, record them into videos/{run_name}-eval/ (RecordVideo's schedule: episodes 0, 1, 8, 27, ...)."""
-    checkpoint = load_checkpoint(checkpoint_path)
+    checkpoint = load_checkpoint(checkpoint_path, evaluating=True)
     args = args_from_checkpoint(checkpoint)
-    args.capture_video, args.track = capture_video, False  # an evaluation logs nothing
+    # an evaluation logs nothing, trains nothing (no rollout stored; main() sets the threads) and plays in float32
+    args.capture_video, args.track, args.torch_threads, args.eval_checkpoint = capture_video, False, 0, checkpoint_path
     error = check_args(args)  # the training run's checks: e.g. moviepy missing, or an env that renders no video
     if error:
         sys.exit(f"error: {error}")
@@ -652,7 +841,7 @@ def evaluate(checkpoint_path, eval_episodes, device, capture_video=False):
     agent.load_state_dict(checkpoint["model"])
     returns = []
     obs, _ = envs.reset(seed=args.seed)
-    while len(returns) < eval_episodes:
+    while len(returns) < eval_episodes and not stop_requested():  # Ctrl-C / SIGTERM: the episodes played so far
         with torch.no_grad():
             action, _, _, _ = agent.get_action_and_value(torch.Tensor(obs).to(device))
         obs, _, _, _, infos = envs.step(action.cpu().numpy())
@@ -667,12 +856,38 @@ def evaluate(checkpoint_path, eval_episodes, device, capture_video=False):
     return returns
 
 
+# with --eval-checkpoint, these flags apply; any other flag given must be the checkpoint's (it plays the trained settings)
+EVAL_MAY_CHANGE = ["eval_checkpoint", "eval_episodes", "capture_video", "cuda", "torch_threads", "track"]
+EVAL_MAY_CHANGE += ["wandb_project_name", "wandb_entity", "wandb_group", "wandb_tags"]
+
+
+def eval_args_error(cli, argv):
+    """--eval-checkpoint: a one-line error for a flag in `argv` that the evaluation cannot honour (it plays the checkpoint
+    with the settings it was trained with) or that is outside its domain, else None; says what differs when the
+    checkpoint was written by another script (PLAYS_ALSO)."""
+    error = domain_error(cli) or limits_error(cli) or (missing_piece_error(cli) if cli.track else None)
+    if error:
+        return error
+    checkpoint = load_checkpoint(cli.eval_checkpoint, evaluating=True)
+    trained = args_from_checkpoint(checkpoint)
+    given = {a.split("=")[0][2:].replace("-", "_") for a in argv if a.startswith("--")}
+    given = {f if f in Args.__dataclass_fields__ else f.removeprefix("no_") for f in given} & Args.__dataclass_fields__.keys()
+    ignored = [f for f in sorted(given - set(EVAL_MAY_CHANGE)) if getattr(cli, f) != getattr(trained, f)]
+    if ignored:
+        said = [f"--{f.replace('_', '-')} {getattr(cli, f)} (the checkpoint's: {getattr(trained, f)})" for f in ignored]
+        return f"{', '.join(said)}: an evaluation plays the checkpoint with the settings it was trained with; drop them"
+    if checkpoint["script"] != os.path.basename(__file__):
+        note = PLAYS_ALSO[os.path.basename(__file__)][checkpoint["script"]]
+        print(f"playing a {checkpoint['script']} checkpoint with {os.path.basename(__file__)}: {note}", flush=True)
+    return None
+
+
 def track_evaluation(args, returns):
     """--eval-checkpoint --track: a wandb run of its own, `<run_name>-eval` (job type "eval", the training run's group),
     with each episode's return and, with --capture-video, the evaluation's videos at their episode."""
     import wandb
 
-    checkpoint = load_checkpoint(args.eval_checkpoint)
+    checkpoint = load_checkpoint(args.eval_checkpoint, evaluating=True)
     trained, name = checkpoint["args"], checkpoint["run_name"] + "-eval"
     wandb.init(
         project=args.wandb_project_name,
@@ -705,25 +920,70 @@ class Run:
 
     def __init__(self, args, checkpoint=None):
         self.args, self.checkpoint = args, checkpoint  # checkpoint: the one --resume continues, else None
-        run_name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
-        self.name = checkpoint["run_name"] if checkpoint else run_name
-        self.checkpoint_path = f"runs/{self.name}/checkpoint.pt"
-        self.wandb_id = checkpoint["wandb_id"] if checkpoint else None
-        self.envs = self.writer = self.stop = self.at_start = self.signum = None
-        self.tracked, self.videos_seen = False, set()
+        self.envs = self.writer = self.stop = self.at_start = self.signum = self.recorder = None
+        self.saved = self.unsaved = self.updating = None  # the iteration last checkpointed, one not written, one updating
+        self.tracked, self.videos_seen, self.rank, self.made = False, set(), 0, []
         self.start_iteration = self.iteration = self.completed = 1
+        resumed = os.path.abspath(args.resume) if checkpoint else None
+        if checkpoint:  # the run goes on in its checkpoint's folder, wherever it is started from (resume_folder)
+            import warnings
+
+            self.name, (self.dir, moved) = checkpoint["run_name"], resume_folder(args.resume, checkpoint["run_name"])
+            if moved and not self.rank:
+                print(f"{self.name} goes on in its own folder, {self.dir}", flush=True)
+            warnings.filterwarnings("ignore", message=".*Overwriting existing videos")  # not so: numbered on (check_env)
+        elif not self.rank:  # runs/{env_id}__{exp_name}__{seed}__{unix time}, taken atomically (claim)
+            self.claim(f"{args.env_id}__{args.exp_name}__{args.seed}", int(time.time()))
+        self.checkpoint_path = os.path.join(self.dir, "checkpoint.pt")
+        if checkpoint and os.path.abspath(self.checkpoint_path) == resumed:
+            self.saved = checkpoint["iteration"]  # the checkpoint resumed from is the run's own
+        self.wandb_id = checkpoint["wandb_id"] if checkpoint else None
+        if StopRequest.active:  # main()'s
+            self.stop, StopRequest.active.plan = StopRequest.active, self.stop_plan
 
     def fail(self, error):
-        """Exit with a one-line error, the environments closed."""
-        if self.envs is not None:
-            self.envs.close()
+        """Exit with a one-line error, the environments and the logs closed (what a full disk lets close); the run folder
+        is removed again while it is empty (the run had not started)."""
+        for closable in (self.envs, self.writer):
+            try:
+                if closable is not None:
+                    closable.close()
+            except OSError:  # a full disk: closing writes the last events or video, which fails again
+                pass
+        if self.recorder is not None:  # a video not written: no warning about it at exit
+            self.recorder.recorded_frames = []
+        for folder in self.made:
+            try:
+                os.rmdir(folder)
+            except OSError:  # not empty: the run had started
+                break
         sys.exit(f"error: {error}")
+
+    def claim(self, base, stamp):
+        """Take runs/{base}__{stamp} with os.mkdir (atomic): of runs started in the same second with the same name (a
+        sweep launched with &) one gets it, the next takes the next second's name (or one whose videos/ folder exists
+        too), so the name keeps the form {env_id}__{exp_name}__{seed}__{unix time} (benchmark/report.py reads it)."""
+        missing, parent = [], os.path.dirname(f"runs/{base}")  # runs/, or runs/ALE/ for an id like ALE/Pong-v5
+        while parent and not os.path.isdir(parent):
+            missing, parent = missing + [parent], os.path.dirname(parent)
+        try:
+            while os.path.exists(f"videos/{base}__{stamp}") or not make_folder(f"runs/{base}__{stamp}"):
+                stamp += 1
+        except OSError as e:
+            self.fail(f"cannot write the run directory runs/{base}__{stamp} ({e.strerror or e}); run from a writable folder")
+        self.name, self.dir = f"{base}__{stamp}", f"runs/{base}__{stamp}"
+        self.made = [self.dir, *missing]  # removed again if the run fails before it starts
 
     def check_env(self, envs):
         self.envs = envs
-        error = check_env(envs)
+        error = check_env(envs) or memory_error(self.args, step_bytes(envs))  # the observations' real size
         if error:
             self.fail(error)
+        self.recorder = video_recorder(envs) if self.args.capture_video else None
+        if self.recorder is not None and self.rank:  # torchrun: rank 0 records (all ranks' files would have one name)
+            self.recorder.episode_trigger = lambda episode: False
+        elif self.recorder is not None and self.checkpoint:  # resumed: numbered on after the videos there, none overwritten
+            self.recorder.episode_id = max(video_numbers(self.recorder.video_folder), default=-1)
         return envs
 
     def restore(self, agent, optimizer):
@@ -742,11 +1002,11 @@ class Run:
     def open_writer(self):
         """The run folder (writable, or one line before anything is trained), wandb with --track, then TensorBoard."""
         try:
-            os.makedirs(f"runs/{self.name}", exist_ok=True)
-            with tempfile.TemporaryFile(dir=f"runs/{self.name}"):
+            os.makedirs(self.dir, exist_ok=True)
+            with tempfile.TemporaryFile(dir=self.dir):
                 pass
         except OSError as e:
-            self.fail(f"cannot write the run directory runs/{self.name} ({e.strerror or e}); run from a writable folder")
+            self.fail(f"cannot write the run directory {self.dir} ({e.strerror or e}); run from a writable folder")
         if self.args.track:
             import wandb
 
@@ -768,7 +1028,8 @@ class Run:
             self.wandb_id, self.tracked, self.videos_seen = wandb.run.id, True, set(self.video_files())
         # on resume, the events an interrupted run logged after its checkpoint are purged
         purge_step = (self.start_iteration - 1) * self.args.batch_size + 1 if self.checkpoint else None
-        self.writer = SummaryWriter(f"runs/{self.name}", purge_step=purge_step)
+        quiet_writer_thread()  # a failed write (a full disk): one line from main(), no thread's traceback
+        self.writer = SummaryWriter(self.dir, purge_step=purge_step)
         if not self.checkpoint:
             self.writer.add_text(
                 "hyperparameters",
@@ -781,8 +1042,10 @@ class Run:
         return int(np.random.randint(2**31 - 1)) if self.checkpoint else self.args.seed
 
     def iterations(self, start_iteration, device):
-        """The iterations to run, until the last or a stop request (Ctrl-C / SIGTERM, caught from here on)."""
-        self.stop = StopRequest()
+        """The iterations to run, until the last or a stop request (Ctrl-C / SIGTERM, caught from main()'s start)."""
+        if self.stop is None:  # a Run used without main()
+            self.stop = StopRequest()
+            self.stop.plan = self.stop_plan
         print(
             f"training {self.name} on {device}: iterations {start_iteration}..{self.args.num_iterations} of "
             f"{self.args.batch_size} steps",
@@ -792,11 +1055,27 @@ class Run:
             if self.stopping():
                 return
             # a rollout cut short checkpoints the iteration before it, with the state at its start
-            self.iteration, self.at_start = iteration, self.snapshot()
+            self.iteration, self.at_start, self.updating = iteration, self.snapshot(), None
             yield iteration
 
     def stopping(self):
-        return self.stop.signum is not None
+        stop = self.stop.signum is not None
+        self.updating = None if stop else self.iteration  # after its rollout: the iteration will be whole
+        return stop
+
+    def stop_plan(self):
+        """What a first signal does, said when it comes: a checkpoint only if an iteration is (or will be) whole."""
+        if self.at_start is not None and max(self.completed, self.updating or 0) >= self.start_iteration:
+            return "stopping after a checkpoint"
+        return f"stopping before iteration {self.start_iteration} is whole: {self.kept()}"
+
+    def kept(self):
+        """The checkpoint the run keeps, in words."""
+        if self.saved is not None:
+            return f"the checkpoint of iteration {self.saved} stays ({self.checkpoint_path})"
+        if os.path.exists(self.checkpoint_path):
+            return f"the checkpoint {self.checkpoint_path} stays"
+        return "there is no checkpoint"
 
     def snapshot(self):
         """What a checkpoint holds beside the weights and Adam's state (the RNG states, ...), taken now."""
@@ -829,16 +1108,32 @@ class Run:
         self.upload_videos()
         at_save_point = self.args.save_every and iteration % self.args.save_every == 0
         if self.args.save_model and (at_save_point or iteration == self.args.num_iterations):
-            self.save(iteration, agent, optimizer, self.snapshot())
+            self.write_checkpoint(iteration, agent, optimizer, self.snapshot())
+
+    def write_checkpoint(self, iteration, agent, optimizer, state):
+        """save(), remembered: the iteration last written, or one that could not be (finish() then exits 1)."""
+        written = self.save(iteration, agent, optimizer, state)
+        if written:
+            self.saved, self.unsaved = iteration, None
+        elif written is False:
+            self.unsaved = iteration
+        return written
 
     def save_if_stopped(self, agent, optimizer):
         """After a stop request: a checkpoint of the last completed iteration (no lost work), and how to continue."""
-        if self.stopping() and self.at_start is not None and self.completed >= self.start_iteration:
+        if not self.stopping() or self.rank:
+            return
+        if self.at_start is None or self.completed < self.start_iteration:
+            print(f"stopped before iteration {self.start_iteration} was whole: {self.kept()}", flush=True)
+            return
+        if self.saved != self.completed:  # not written yet (a signal during the last write: it is)
             state = self.snapshot() if self.completed == self.iteration else self.at_start
-            if self.save(self.completed, agent, optimizer, state):
-                step = self.completed * self.args.batch_size
-                print(f"checkpoint of iteration {self.completed} (step {step}) written to {self.checkpoint_path}")
-                print(f"continue with: python {os.path.basename(__file__)} --resume {self.checkpoint_path}")
+            if not self.write_checkpoint(self.completed, agent, optimizer, state):
+                return
+        step = self.completed * self.args.batch_size
+        print(f"checkpoint of iteration {self.completed} (step {step}) written to {self.checkpoint_path}")
+        if self.completed < self.args.num_iterations:
+            print(f"continue with: python {os.path.basename(__file__)} --resume {self.checkpoint_path}")
 
     def close(self):
         """After a second signal (stop at once): the environments and the logs closed, no checkpoint."""
@@ -846,29 +1141,51 @@ class Run:
         for closable in (self.envs, self.writer):
             if closable is not None:
                 closable.close()
+        if not self.rank:
+            print(f"stopped at once: {self.kept()}", flush=True)
+
+    def write_error(self, e):
+        """One line for a write that failed while logging or recording (a full disk, a read-only folder); any other
+        error is raised again."""
+        import traceback
+
+        code = " ".join(frame.f_code.co_filename for frame, _ in traceback.walk_tb(e.__traceback__))
+        if "tensorboard" in code:
+            what = f"the TensorBoard events in {self.dir}"
+        elif "moviepy" in code or os.path.join("gymnasium", "wrappers", "rendering") in code:
+            what = f"a video in {self.recorder.video_folder if self.recorder else 'videos/'}"
+        else:
+            raise e
+        reason = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        when = f"at iteration {self.iteration}" if self.at_start is not None else "before training"
+        return f"cannot write {what} ({reason}); stopped {when}: {self.kept()}"
 
     def finish(self):
-        """Exit: 0, or 128 + the signal that stopped the run; wandb is told."""
+        """Exit: 0, 1 if the last checkpoint could not be written, or 128 + the signal that stopped the run; wandb is told."""
         signum = self.signum or (self.stop.signum if self.stop else None)
-        exit_code = 128 + signum if signum else 0
+        exit_code = 128 + signum if signum else 1 if self.unsaved else 0  # 1: the last checkpoint was not written
         if self.tracked:
             import wandb
 
-            self.upload_videos()  # those the envs wrote when closed
-            wandb.finish(exit_code=exit_code)
+            try:
+                self.upload_videos()  # those the envs wrote when closed
+                wandb.finish(exit_code=exit_code)
+            except KeyboardInterrupt:  # a second signal while wandb finishes: stop there (`wandb sync` sends the rest)
+                exit_code = 128 + self.stop.signum
         sys.exit(exit_code)
 
 
 def main():
+    StopRequest()  # Ctrl-C / SIGTERM from here on: every phase stops cleanly (Run says what the first signal does)
     args = tyro.cli(Args)
-    error = missing_piece_error(args) if args.eval_checkpoint and args.track else None  # wandb or its credentials
-    if error:
-        sys.exit(f"error: {error}")
     if args.eval_checkpoint:
-        if args.eval_episodes < 1:
-            sys.exit(f"error: --eval-episodes is {args.eval_episodes}; evaluate at least 1 episode")
+        error = eval_args_error(args, sys.argv[1:])  # a flag it cannot honour, outside its domain, or wandb missing
+        if error:
+            sys.exit(f"error: {error}")
+        if args.torch_threads > 0:
+            torch.set_num_threads(args.torch_threads)
         device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
-        returns = evaluate(args.eval_checkpoint, args.eval_episodes, device, args.capture_video)
+        returns = evaluate_or_stop(args, device)  # Ctrl-C / SIGTERM: the episodes played so far, exit 128 + signal
         print(f"eval: {len(returns)} episodes, mean return {np.mean(returns):.2f} +- {np.std(returns):.2f}")
         print("eval: each episode's return, in order:", " ".join(f"{r:g}" for r in returns))
         if args.track:
@@ -893,8 +1210,10 @@ def main():
         train(args, run)
     except gym.error.DependencyNotInstalled as e:  # e.g. Box2D for LunarLander: gymnasium's message says what to install
         run.fail(f"{args.env_id} needs a package that is not installed: {str(e).strip().splitlines()[0]}")
-    except KeyboardInterrupt:  # a second signal (or Ctrl-C before the loop): stop at once, the logs closed
+    except KeyboardInterrupt:  # a second signal: stop at once, the logs closed
         run.close()
+    except OSError as e:  # a full disk or a read-only folder while logging or recording: one line, what is kept
+        run.fail(run.write_error(e))
     run.finish()
 
 

@@ -11,12 +11,16 @@ the current directory, one log each under --log-dir; a run already complete ther
 interrupted ablation continues where it stopped). Then the report, into --out: one figure per env with every curve
 (mean ± std over seeds), and a table of the final return (each seed's mean over its last 100 episodes) with each
 detail off, its difference from the default and a 95% bootstrap interval of that difference over seeds.
-Flags after `--` go to every run (e.g. `-- --cuda`).
+Flags after `--` go to every run (e.g. `-- --cuda`); where they change a setting they are part of each run's name
+(`{script}__default__with-<hash of the settings>`), so runs made with other flags are neither skipped nor reported.
+Every run's flags are checked as its script checks them before any starts. Ctrl-C or SIGTERM goes on to the runs
+going (each stops after a checkpoint, its logs kept); the tool then exits with 128 + the signal.
 """
 
 import argparse
 import ast
 import csv
+import hashlib
 import math
 import os
 import shlex
@@ -32,7 +36,21 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path[:0] = [str(HERE), str(ROOT / "tools")]
 import report  # noqa: E402  (benchmark/report.py)
-from _common import ABLATIONS, off_flags  # noqa: E402  (tools/_common.py)
+from _common import (  # noqa: E402  (tools/_common.py)
+    ABLATIONS,
+    Runs,
+    Stopped,
+    find_script,
+    flag_error,
+    folder_error,
+    given_fields,
+    load_script,
+    off_flags,
+    parse_flags,
+    reason,
+    script_error,
+    writing_into,
+)
 
 DEFAULT = "default"
 BOOTSTRAP_SAMPLES = 10_000
@@ -60,11 +78,28 @@ def applicable(defaults, source):
     return [d for d in tagged if ABLATIONS[d][0] in defaults and defaults[ABLATIONS[d][0]] != ABLATIONS[d][1]]
 
 
-def exp_name(stem, detail):
-    return f"{stem}__{DEFAULT}" if detail == DEFAULT else f"{stem}__off-{detail}"
+def exp_name(stem, detail, tag=""):
+    """The exp name of a config: `{stem}__default` or `{stem}__off-{detail}`, then `__{tag}` with flags after --."""
+    name = f"{stem}__{DEFAULT}" if detail == DEFAULT else f"{stem}__off-{detail}"
+    return f"{name}__{tag}" if tag else name
 
 
-def plan(script, envs, seeds, total_timesteps, details, extra):
+# the flags this tool gives each run itself (not to be given after --)
+SET_HERE = {"env_id": "use --env-id", "seed": "use --seeds", "total_timesteps": "use --total-timesteps"}
+SET_HERE |= {"exp_name": "it names the config", "wandb_group": "script and env", "wandb_tags": "ablation and the config"}
+
+
+def settings_tag(script, extra):
+    """'' when the flags after -- leave every setting at the script's default, else `with-` and 8 hex digits of a hash
+    of the settings they change: part of each run's name, so that runs made with other flags are not taken for this
+    ablation's (neither skipped as complete nor reported)."""
+    args, _ = parse_flags(script, extra)
+    fields, default = load_script(script).Args.__dataclass_fields__, load_script(script).Args()
+    changed = sorted((f, repr(getattr(args, f))) for f in fields if getattr(args, f) != getattr(default, f))
+    return "with-" + hashlib.sha1(repr(changed).encode()).hexdigest()[:8] if changed else ""
+
+
+def plan(script, envs, seeds, total_timesteps, details, extra, tag=""):
     """[(env, detail, seed, exp, argv)] in the order they run: seed by seed, so a cut-short ablation stays balanced."""
     stem = Path(script).stem
     commands = []
@@ -72,81 +107,88 @@ def plan(script, envs, seeds, total_timesteps, details, extra):
         for env in envs:
             for detail in [DEFAULT] + details:
                 flags = [] if detail == DEFAULT else off_flags(detail, script)
+                exp = exp_name(stem, detail, tag)
                 argv = [sys.executable, str(script), "--env-id", env, "--seed", str(seed)]
-                argv += ["--total-timesteps", str(total_timesteps), "--exp-name", exp_name(stem, detail), *flags, *extra]
+                argv += ["--total-timesteps", str(total_timesteps), "--exp-name", exp, *flags, *extra]
                 if "--track" in extra:  # wandb: a group per script and env, a tag naming the detail switched off
-                    tag = DEFAULT if detail == DEFAULT else f"off-{detail}"
-                    argv += ["--wandb-group", f"{stem}__{report.slug(env)}", "--wandb-tags", "ablation", tag]
-                commands.append((env, detail, seed, exp_name(stem, detail), argv))
+                    label = DEFAULT if detail == DEFAULT else f"off-{detail}"
+                    group = f"{stem}__{report.slug(env)}" + (f"__{tag}" if tag else "")
+                    argv += ["--wandb-group", group, "--wandb-tags", "ablation", label]
+                commands.append((env, detail, seed, exp, argv))
     return commands
 
 
-def completed_runs(runs_dir, total_timesteps):
-    """{(env, exp, seed)} of the runs under `runs_dir` that logged up to the end (within 1% of the total)."""
+def completed_runs(runs_dir, total_timesteps, wanted=None):
+    """{(env, exp, seed)} of the runs under `runs_dir` (of the exp names `wanted`) that logged up to the end: within 1%
+    below the total, and not past it (a run made with a larger --total-timesteps anneals over another horizon)."""
     if not Path(runs_dir).is_dir():
         return set()
     found, _ = report.find_runs(runs_dir)
     done = set()
     for run in found:
+        if wanted is not None and run.exp not in wanted:
+            continue
         try:
             report.load(run)
         except Exception:  # an unreadable event file: the run is made again
             continue
-        if run.last_step >= 0.99 * total_timesteps:
+        if 0.99 * total_timesteps <= run.last_step <= total_timesteps:
             done.add((run.env, run.exp, run.seed))
     return done
 
 
 def run_all(commands, jobs, log_dir, skip):
-    """Run the commands, `jobs` at a time (one torch thread each), skipping those in `skip`; return the failed ones."""
+    """Run the commands, `jobs` at a time (one torch thread each), skipping those in `skip`; return the failed ones.
+    Stopped after SIGINT or SIGTERM: passed on to the runs going (each stops after a checkpoint, its logs kept)."""
     log_dir.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), "PYTHONUNBUFFERED": "1"}
     pending = [c for c in commands if (c[0], c[3], c[2]) not in skip]
     if len(pending) < len(commands):
         print(f"{len(commands) - len(pending)} of {len(commands)} runs are already complete under runs/; not run again")
-    running, failed, total, started = [], [], len(pending), 0
-    signal.signal(signal.SIGTERM, _interrupt)  # as Ctrl-C
+    runs, running, failed, total, started, stopped = Runs(), [], [], len(pending), 0, None
     try:
-        _run_pending(pending, running, failed, jobs, log_dir, env, total, started)
-    except KeyboardInterrupt:  # Ctrl-C or SIGTERM: stop the runs (each keeps its logs), say how to go on
+        while pending or running:
+            while pending and len(running) < jobs and not runs.signum:
+                env_id, detail, seed, exp, argv = pending[0]
+                log = log_dir / f"{report.slug(env_id)}__{exp}__{seed}.log"
+                with open(log, "w", encoding="utf-8") as f:
+                    proc = runs.start(argv, stdout=f, stderr=subprocess.STDOUT, env=env)
+                pending.pop(0)
+                started += 1
+                running.append((proc, (env_id, detail, seed, exp, argv), log, time.time()))
+                print(f"[{started}/{total}] started {exp} {env_id} seed {seed}", flush=True)
+            time.sleep(0.2)
+            stopped = len(running) if runs.signum and stopped is None else stopped
+            for item in list(running):
+                proc, command, log, start = item
+                if proc.poll() is None:
+                    continue
+                running.remove(item)
+                runs.wait(proc)
+                status = "done" if proc.returncode == 0 else f"FAILED (exit {proc.returncode}, see {log})"
+                print(f"{command[3]} {command[0]} seed {command[2]}: {status} in {time.time() - start:.0f} s", flush=True)
+                if proc.returncode != 0 and not runs.signum:
+                    failed.append(command)
+            if runs.signum and not running:
+                raise Stopped(runs.signum)
+    except (Stopped, OSError) as e:  # a signal (passed on to the runs going), or a log that cannot be written
+        stopped = len(running) if stopped is None else stopped
         for proc, *_ in running:
-            proc.terminate()
-        for proc, *_ in running:
-            proc.wait()
+            if isinstance(e, OSError):
+                proc.terminate()  # each stops after a checkpoint, its logs kept
+            runs.wait(proc)
+        if isinstance(e, OSError):
+            raise
         print(
-            f"interrupted: {len(running)} run(s) stopped, {len(pending)} not started; the same command goes on (complete "
+            f"interrupted: {stopped} run(s) stopped, {len(pending)} not started; the same command goes on (complete "
             "runs are not made again)",
             file=sys.stderr,
             flush=True,
         )
         raise
+    finally:
+        runs.restore()
     return failed
-
-
-def _interrupt(signum, frame):
-    raise KeyboardInterrupt
-
-
-def _run_pending(pending, running, failed, jobs, log_dir, env, total, started):
-    while pending or running:
-        while pending and len(running) < jobs:
-            env_id, detail, seed, exp, argv = pending.pop(0)
-            started += 1
-            log = log_dir / f"{report.slug(env_id)}__{exp}__{seed}.log"
-            with open(log, "w", encoding="utf-8") as f:
-                proc = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, env=env)
-            running.append((proc, (env_id, detail, seed, exp, argv), log, time.time()))
-            print(f"[{started}/{total}] started {exp} {env_id} seed {seed}", flush=True)
-        time.sleep(0.2)
-        for item in list(running):
-            proc, command, log, start = item
-            if proc.poll() is None:
-                continue
-            running.remove(item)
-            status = "done" if proc.returncode == 0 else f"FAILED (exit {proc.returncode}, see {log})"
-            print(f"{command[3]} {command[0]} seed {command[2]}: {status} in {time.time() - start:.0f} s", flush=True)
-            if proc.returncode != 0:
-                failed.append(command)
 
 
 def bootstrap_interval(a, b, samples=BOOTSTRAP_SAMPLES, seed=0):
@@ -165,14 +207,14 @@ def verdict(low, high):
     return "no measurable difference"
 
 
-def ablation_rows(groups, stem, details, last=100):
+def ablation_rows(groups, stem, details, last=100, tag=""):
     """One dict per (env, config): per-seed final returns, their mean and std, the difference from the default."""
     rows = []
     for env in sorted({e for e, _ in groups}):
-        base_runs = groups.get((env, exp_name(stem, DEFAULT)), [])
+        base_runs = groups.get((env, exp_name(stem, DEFAULT, tag)), [])
         base = [v for v in (report.last_mean(r, last) for r in base_runs) if not math.isnan(v)]
         for detail in [DEFAULT] + details:
-            runs = groups.get((env, exp_name(stem, detail)), [])
+            runs = groups.get((env, exp_name(stem, detail, tag)), [])
             if not runs:
                 continue
             finals = [report.last_mean(r, last) for r in runs]
@@ -190,7 +232,7 @@ def ablation_rows(groups, stem, details, last=100):
     return rows
 
 
-def plot(env, groups, stem, details, out_path, window):
+def plot(env, groups, stem, details, out_path, window, tag=""):
     import matplotlib
 
     matplotlib.use("Agg")
@@ -198,7 +240,7 @@ def plot(env, groups, stem, details, out_path, window):
 
     fig, ax = plt.subplots(figsize=(9, 5))
     for k, detail in enumerate([DEFAULT] + details):
-        runs = groups.get((env, exp_name(stem, detail)), [])
+        runs = groups.get((env, exp_name(stem, detail, tag)), [])
         c = report.curve(runs, x="step", window=window) if runs else None
         if c is None:
             continue
@@ -278,10 +320,11 @@ def write_report(rows, images, stem, out, last, notes):
             )
 
 
-def load_groups(sources, stem, envs, details, seeds, total_timesteps, notes):
+def load_groups(sources, stem, envs, details, seeds, total_timesteps, notes, tag=""):
     """{(env, exp): [runs]} of this ablation's complete runs in `sources` (folders of runs or episodes .csv.gz files);
-    a run that stopped short of the total (within 1%) is left out, with a note."""
-    wanted = {exp_name(stem, d) for d in [DEFAULT] + details}
+    a run that stopped short of the total (within 1%), or went past it (another --total-timesteps), is left out, with a
+    note."""
+    wanted = {exp_name(stem, d, tag) for d in [DEFAULT] + details}
     latest = {}
     for source in sources:
         if Path(source).is_file():
@@ -301,8 +344,31 @@ def load_groups(sources, stem, envs, details, seeds, total_timesteps, notes):
         if run.last_step < 0.99 * total_timesteps:
             notes.append(f"{run.exp} {run.env} seed {run.seed} stopped at step {run.last_step:,}: left out")
             continue
+        if run.last_step > total_timesteps:
+            notes.append(f"{run.exp} {run.env} seed {run.seed} ran to step {run.last_step:,}, past the total: left out")
+            continue
         groups.setdefault((run.env, run.exp), []).append(run)
     return groups
+
+
+def input_error(opts, script, extra):
+    """A one-line error for arguments this ablation cannot take (nothing is loaded, nothing created), else None."""
+    if opts.total_timesteps < 1 or opts.jobs < 1 or opts.last < 1 or opts.window < 1 or min(opts.seeds) < 0:
+        return "--total-timesteps, --jobs, --last and --window must be at least 1, seeds at least 0"
+    for flag, values in (("--seeds", opts.seeds), ("--env-id", opts.env_id), ("--details", opts.details or [])):
+        twice = sorted({str(v) for v in values if values.count(v) > 1})
+        if twice:
+            return f"{flag}: {', '.join(twice)} given twice; give each once"
+    for name, flag in sorted(given_fields(extra, SET_HERE).items()):
+        return f"{flag} after --: ablate.py sets it for each run ({SET_HERE[name]}); drop it"
+    for flag, folder in (("--out", opts.out or f"ablations/{script.stem}"), ("--log-dir", opts.log_dir)):
+        error = folder_error(folder, flag)
+        if error:
+            return error
+    absent = [s for s in opts.runs if not Path(s).exists() and (opts.report_only or s != "runs")]
+    if absent:
+        return f"--runs {absent[0]}: no such folder or episodes file"
+    return None
 
 
 def main(argv=None):
@@ -326,11 +392,10 @@ def main(argv=None):
     parser.add_argument("--window", type=int, default=100, help="trailing-mean window of the curves (default: 100)")
     opts = parser.parse_args(argv)
 
-    script = Path(opts.script)
-    if not script.is_file() and (ROOT / script.name).is_file():
-        script = ROOT / script.name
-    if not script.is_file():
-        print(f"error: no such script: {opts.script}", file=sys.stderr)
+    script = find_script(opts.script)
+    error = script_error(script)
+    if error:
+        print(f"error: {error}", file=sys.stderr)
         return 2
     try:
         defaults = script_defaults(script)
@@ -352,12 +417,27 @@ def main(argv=None):
         ]
         print(f"error: {script.name} cannot switch off {', '.join(why)}; it can: {', '.join(has)}", file=sys.stderr)
         return 2
-    if opts.total_timesteps < 1 or opts.jobs < 1 or opts.last < 1 or opts.window < 1 or min(opts.seeds) < 0:
-        print("error: --total-timesteps, --jobs, --last and --window must be at least 1, seeds at least 0", file=sys.stderr)
+    error = input_error(opts, script, extra)
+    switched = sorted(given_fields(extra, {ABLATIONS[d][0] for d in details}).items())
+    if not error and switched:
+        off = next(d for d in details if ABLATIONS[d][0] == switched[0][0])
+        error = f"{switched[0][1]} after --: the flag of {off}, which the ablation switches off itself; drop it"
+    error = error or (parse_flags(script, extra)[1] if extra else None)
+    if error:
+        print(f"error: {error}", file=sys.stderr)
         return 2
-    stem = script.stem
+    stem, tag = script.stem, settings_tag(script, extra) if extra else ""
     out = Path(opts.out or f"ablations/{stem}")
-    commands = plan(script, opts.env_id, opts.seeds, opts.total_timesteps, details, extra)
+    commands = plan(script, opts.env_id, opts.seeds, opts.total_timesteps, details, extra, tag)
+    if not (opts.report_only or opts.dry_run):  # each run's flags as its script checks them, before any starts (a
+        # dry run prints the commands, which may run on another machine)
+        for command in commands:
+            error = flag_error(script, command[4][2:])
+            if error:
+                print(f"error: {error} (nothing was run)", file=sys.stderr)
+                return 2
+    if tag:
+        print(f"# flags after --: {shlex.join(extra)}; this ablation's runs are named {exp_name(stem, DEFAULT, tag)} etc.")
     if opts.dry_run:
         for command in commands:
             print(shlex.join(command[4]))
@@ -368,36 +448,47 @@ def main(argv=None):
         return 0
     failed = []
     if not opts.report_only:
-        skip = completed_runs("runs", opts.total_timesteps)
+        try:
+            skip = completed_runs("runs", opts.total_timesteps, {c[3] for c in commands})
+        except KeyboardInterrupt:  # Ctrl-C while the runs there are read: nothing started
+            print("interrupted before any run started", file=sys.stderr)
+            return 128 + signal.SIGINT
         try:
             failed = run_all(commands, opts.jobs, Path(opts.log_dir), skip)
-        except KeyboardInterrupt:
-            return 130
+        except Stopped as stop:
+            return 128 + stop.signum
+        except OSError as e:  # the log folder or a log file cannot be written
+            print(f"error: cannot write the logs under {opts.log_dir} ({reason(e)})", file=sys.stderr)
+            return 1
     notes = [f"{c[3]} {c[0]} seed {c[2]} failed: see its log" for c in failed]
+    if tag:
+        notes.append(f"every run had the flags `{shlex.join(extra)}` (the runs named {exp_name(stem, DEFAULT, tag)} etc.)")
     try:
-        groups = load_groups(opts.runs, stem, set(opts.env_id), details, set(opts.seeds), opts.total_timesteps, notes)
+        groups = load_groups(opts.runs, stem, set(opts.env_id), details, set(opts.seeds), opts.total_timesteps, notes, tag)
     except (OSError, EOFError, KeyError, ValueError, csv.Error) as e:  # not an episodes file, cut short, other columns
         print(f"error: cannot read the runs of {', '.join(opts.runs)} ({type(e).__name__}: {e})", file=sys.stderr)
         return 2
     if not groups:
         print(f"error: no complete runs of this ablation under {', '.join(opts.runs)}", file=sys.stderr)
         return 1
-    out.mkdir(parents=True, exist_ok=True)
-    expected = {(e, exp_name(stem, d), s) for e in opts.env_id for d in [DEFAULT] + details for s in opts.seeds}
+    expected = {(e, exp_name(stem, d, tag), s) for e in opts.env_id for d in [DEFAULT] + details for s in opts.seeds}
     have = {(r.env, r.exp, r.seed) for runs in groups.values() for r in runs}
     if expected - have:
         notes.append(
             f"{len(expected - have)} of the {len(expected)} runs are missing: "
             + ", ".join(f"{exp} {env} seed {seed}" for env, exp, seed in sorted(expected - have))
         )
-    rows = ablation_rows(groups, stem, details, opts.last)
-    images = []
-    for env in sorted({e for e, _ in groups}):
-        image = f"{report.slug(env)}.png"
-        plot(env, groups, stem, details, out / image, opts.window)
-        images.append((env, image))
-    write_report(rows, images, stem, out, opts.last, notes)
-    report.write_episodes([r for runs in groups.values() for r in runs], out / "episodes.csv.gz")
+    rows = ablation_rows(groups, stem, details, opts.last, tag)
+    images = [(env, f"{report.slug(env)}.png") for env in sorted({e for e, _ in groups})]
+    try:
+        with writing_into(out) as tmp:  # all or nothing: a full disk leaves the report that was there
+            for env, image in images:
+                plot(env, groups, stem, details, tmp / image, opts.window, tag)
+            write_report(rows, images, stem, tmp, opts.last, notes)
+            report.write_episodes([r for runs in groups.values() for r in runs], tmp / "episodes.csv.gz")
+    except OSError as e:
+        print(f"error: cannot write the report into {out} ({reason(e)}); what was there is kept", file=sys.stderr)
+        return 1
     print(f"wrote {out / 'README.md'}, summary.csv, episodes.csv.gz and {len(images)} figure(s)")
     return 1 if failed else 0
 

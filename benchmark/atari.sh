@@ -11,6 +11,7 @@
 # Runs log to runs/ of the current directory; the report goes to report/atari/ (benchmark/report.py).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+source "$ROOT/benchmark/forward.sh" # SIGTERM / Ctrl-C go on to the command running, which stops cleanly
 SCRIPT="${SCRIPT:-ppo_atari.py}"
 ENVS=(BreakoutNoFrameskip-v4 PongNoFrameskip-v4 BeamRiderNoFrameskip-v4)
 SEEDS=(1 2 3)
@@ -25,7 +26,7 @@ for env_id in "${ENVS[@]}"; do
         cmd=(python "$ROOT/$SCRIPT" --env-id "$env_id" --seed "$seed" --total-timesteps 10000000 "$@")
         if [[ $RUN == 1 ]]; then
             echo "[$(date +%H:%M:%S)] ${cmd[*]}"
-            "${cmd[@]}"
+            forward "${cmd[@]}"
         else
             echo "${cmd[*]}"
         fi

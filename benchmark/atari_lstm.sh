@@ -11,7 +11,8 @@
 # Runs log to runs/ of the current directory; the report goes to report/atari_lstm/ (benchmark/report.py).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-python "$ROOT/benchmark/suites.py" atari_lstm "$@"
+source "$ROOT/benchmark/forward.sh" # SIGTERM / Ctrl-C go on to the command running, which stops cleanly
+forward python "$ROOT/benchmark/suites.py" atari_lstm "$@"
 if [[ " $* " == *" --run "* ]]; then
     python "$ROOT/benchmark/report.py" runs/ --out report/atari_lstm/
 fi

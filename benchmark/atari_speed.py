@@ -12,6 +12,7 @@ log: the steps of the iterations after the first (warm-up) divided by their wall
 import argparse
 import importlib.util
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -22,6 +23,9 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tools"))
+from _common import Runs, Stopped, flag_error  # noqa: E402  (tools/_common.py)
+
 SCRIPTS = {"wrappers": "ppo_atari.py", "vector": "ppo_atari_envpool.py"}
 
 
@@ -52,19 +56,29 @@ def env_throughput(script, env_id, num_envs, warmup, steps, seed):
     return steps * num_envs / elapsed
 
 
-def training_sps(script, env_id, num_envs, num_steps, iterations, seed, threads, timeout):
+def training_flags(env_id, num_envs, num_steps, iterations, seed, threads):
+    flags = ["--env-id", env_id, "--seed", str(seed), "--exp-name", "speed", "--num-envs", str(num_envs)]
+    flags += ["--num-steps", str(num_steps)] + (["--torch-threads", str(threads)] if threads is not None else [])
+    return flags + ["--total-timesteps", str(iterations * num_envs * num_steps)]
+
+
+def training_sps(script, env_id, num_envs, num_steps, iterations, seed, threads, timeout, runs):
     """Steps per second of a real run after its first iteration, from the wall times of its TensorBoard scalars."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     with tempfile.TemporaryDirectory() as tmp:
-        cmd = [sys.executable, str(ROOT / script), "--env-id", env_id, "--seed", str(seed), "--exp-name", "speed"]
-        cmd += ["--num-envs", str(num_envs), "--num-steps", str(num_steps)]
-        cmd += ["--torch-threads", str(threads)] if threads is not None else []
-        cmd += ["--total-timesteps", str(iterations * num_envs * num_steps)]
-        proc = subprocess.run(cmd, cwd=tmp, capture_output=True, text=True, timeout=timeout, env=env)
-        if proc.returncode != 0:
-            sys.exit(f"error: {' '.join(cmd)} failed:\n{proc.stderr[-2000:]}")
+        cmd = [sys.executable, str(ROOT / script), *training_flags(env_id, num_envs, num_steps, iterations, seed, threads)]
+        with open(Path(tmp, "out.txt"), "w") as out, open(Path(tmp, "err.txt"), "w+") as err:
+            try:
+                returncode = runs.wait(runs.start(cmd, cwd=tmp, stdout=out, stderr=err, env=env), timeout=timeout)
+            except subprocess.TimeoutExpired:
+                sys.exit(f"error: {script} took more than --timeout {timeout} s for {iterations} iterations; stopped")
+            runs.check()  # a signal came: passed on to the run, which stopped
+            err.seek(0)
+            stderr = err.read()
+        if returncode != 0:
+            sys.exit(f"error: {' '.join(cmd)} failed:\n{stderr[-2000:]}")
         (run_dir,) = Path(tmp, "runs").iterdir()
         acc = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
         acc.Reload()
@@ -88,11 +102,36 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.train_iterations < 2:
         parser.error("--train-iterations must be at least 2 (the first one is the warm-up)")
+    small = [
+        f"--{k.replace('_', '-')}"
+        for k in ("num_envs", "env_steps", "num_steps", "repeats", "timeout")
+        if getattr(args, k) < 1
+    ]
+    if small or args.env_warmup < 0:
+        parser.error(f"{(small or ['--env-warmup'])[0]} is too small: counts must be at least 1, --env-warmup at least 0")
+    runs = Runs()  # SIGINT / SIGTERM: passed on to the run going, which stops; then one line and 128 + the signal
+    try:
+        for script in SCRIPTS.values():  # before anything runs: what each script would refuse (env id, sizes, threads)
+            sizes = (args.num_envs, args.num_steps, args.train_iterations)
+            error = flag_error(ROOT / script, training_flags(args.env_id, *sizes, 1, args.torch_threads))
+            if error:
+                parser.error(error)
+        runs.check()  # a signal during the checks: nothing ran
+        measure(args, runs)
+    except Stopped as stop:
+        name = signal.Signals(stop.signum).name
+        print(f"error: stopped by {name}: the run going was stopped, and the measurement with it", file=sys.stderr)
+        sys.exit(128 + stop.signum)
+    finally:
+        runs.restore()
 
+
+def measure(args, runs):
     start = time.time()
     results = {name: {"env": [], "train": []} for name in SCRIPTS}
     for seed in range(1, args.repeats + 1):  # alternate the two pipelines so that a busy spell hits both
         for name, script in SCRIPTS.items():
+            runs.check()
             sps = env_throughput(script, args.env_id, args.num_envs, args.env_warmup, args.env_steps, seed)
             results[name]["env"].append(sps)
             print(f"[{time.time() - start:5.0f} s] env-only  {script:<26} repeat {seed}: {sps:8.0f} steps/s", flush=True)
@@ -100,7 +139,7 @@ def main(argv=None):
             continue
         for name, script in SCRIPTS.items():
             sizes = (args.num_envs, args.num_steps, args.train_iterations)
-            sps = training_sps(script, args.env_id, *sizes, seed, args.torch_threads, args.timeout)
+            sps = training_sps(script, args.env_id, *sizes, seed, args.torch_threads, args.timeout, runs)
             results[name]["train"].append(sps)
             print(f"[{time.time() - start:5.0f} s] training  {script:<26} repeat {seed}: {sps:8.1f} steps/s", flush=True)
 

@@ -12,14 +12,24 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from conftest import load_script  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
+from _common import checked_args, find_script, load_script, script_error  # noqa: E402  (tools/_common.py)
 
 
 def main(argv):
-    if not argv or not argv[0].endswith(".py"):
+    if argv[:1] in (["-h"], ["--help"]):
+        print(__doc__)
+        return
+    if not argv or argv[0].startswith("-"):
         sys.exit("error: give a variant script first, e.g. python benchmark/first_ratio.py ppo_atari_envpool.py --bf16")
-    module = load_script(Path(argv[0]).name)
+    script = find_script(argv[0])
+    error = script_error(script, needs=("Args", "check_args", "main", "ppo_loss"))
+    checked, error = (None, error) if error else checked_args(script, argv[1:])
+    if not error and checked.target_kl is not None:
+        error = "--target-kl can cut an update short, and the next update's first minibatch would be miscounted: drop it"
+    if error:
+        sys.exit(f"error: {error}")
+    module = load_script(script)
     loss, first, clipfracs, seen = module.ppo_loss, [], [], {"n": 0}
     per_update = None
 
@@ -33,10 +43,8 @@ def main(argv):
         return out
 
     module.ppo_loss = observed
-    args = module.tyro.cli(module.Args, args=argv[1:])
-    module.check_args(args)
-    per_update = args.num_minibatches * args.update_epochs  # minibatches of an update (no --target-kl here)
-    sys.argv = [argv[0], *argv[1:], "--exp-name", "first_ratio"]
+    per_update = checked.num_minibatches * checked.update_epochs  # minibatches of an update (no --target-kl here)
+    sys.argv = [str(script), *argv[1:], "--exp-name", "first_ratio"]
     try:
         module.main()
     except SystemExit as e:

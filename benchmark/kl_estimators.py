@@ -11,12 +11,22 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from conftest import load_script  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tools"))
+from _common import checked_args, load_script  # noqa: E402  (tools/_common.py)
 
 
 def main(argv):
-    ppo = load_script("ppo.py")
+    if "-h" in argv or "--help" in argv:
+        print(__doc__)
+        return
+    flags = ["--total-timesteps", "100000", "--exp-name", "kl_estimators", *argv]
+    args, error = checked_args(ROOT / "ppo.py", flags)  # what ppo.py would refuse, before it starts
+    if not error and args.num_minibatches * args.update_epochs < 2:
+        error = "one minibatch per update sees only the rollout's weights (log r = 0): give 2 or more minibatches or epochs"
+    if error:
+        sys.exit(f"error: {error}")
+    ppo = load_script(ROOT / "ppo.py")
     loss, seen = ppo.ppo_loss, []
 
     def observed(newlogprob, entropy, newvalue, oldlogprob, *args, **kwargs):
@@ -26,7 +36,7 @@ def main(argv):
         return loss(newlogprob, entropy, newvalue, oldlogprob, *args, **kwargs)
 
     ppo.ppo_loss = observed
-    sys.argv = ["ppo.py", "--total-timesteps", "100000", "--exp-name", "kl_estimators", *argv]
+    sys.argv = ["ppo.py", *flags]
     try:
         ppo.main()
     except SystemExit as e:

@@ -10,6 +10,7 @@
 # $OUT (default report-microrts/). OMP_NUM_THREADS=1 by default: the network is small, one thread is faster on a CPU.
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+source "$ROOT/benchmark/forward.sh" # SIGTERM / Ctrl-C go on to the command running, which stops cleanly
 ENV_ID="${ENV_ID:-MicrortsProduceCombatUnitsShapedReward-v1}"
 STEPS="${STEPS:-2000000}"
 SEEDS="${SEEDS:-1 2 3}"
@@ -17,5 +18,5 @@ OUT="${OUT:-report-microrts}"
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 
 # shellcheck disable=SC2086  # SEEDS is a list
-python "$ROOT/benchmark/suites.py" microrts --envs "$ENV_ID" --seeds $SEEDS --steps "$STEPS" --run -- "$@"
+forward python "$ROOT/benchmark/suites.py" microrts --envs "$ENV_ID" --seeds $SEEDS --steps "$STEPS" --run -- "$@"
 python "$ROOT/benchmark/report.py" runs/ --out "$OUT"

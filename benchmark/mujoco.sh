@@ -13,6 +13,7 @@
 # bootstrap runs grouped apart by their exp name (ppo_continuous_action_bootstrap).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source benchmark/forward.sh # SIGTERM / Ctrl-C go on to the command running, which stops cleanly
 
 mode=${1:-}
 shift || true
@@ -22,7 +23,7 @@ export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} # 64-unit networks: one thread is f
 
 run() {
   echo "+ $*"
-  if [ -z "${DRY_RUN:-}" ]; then "$@"; fi
+  if [ -z "${DRY_RUN:-}" ]; then forward "$@"; fi
 }
 
 table() {

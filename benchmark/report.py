@@ -26,6 +26,9 @@ import numpy as np
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "tools"))
+from _common import folder_error, reason, writing_into  # noqa: E402  (tools/_common.py)
+
 RETURN_TAG = "charts/episodic_return"
 # scripts without a published table of their own, compared with the table of the script they reproduce
 REFERENCE_SCRIPT = {"ppo_atari_envpool.py": "ppo_atari.py", "ppo_atari_multigpu.py": "ppo_atari.py"}
@@ -394,6 +397,12 @@ def main(argv=None):
     if args.last < 1 or args.window < 1 or args.per < 0:
         print("error: --last and --window must be at least 1, --per at least 0 (0: no table)", file=sys.stderr)
         return 2
+    error = folder_error(args.out, "--out")
+    if not error and not Path(args.reference).is_file():
+        error = f"--reference {args.reference}: no such file (the published numbers, a CSV like benchmark/reference.csv)"
+    if error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
 
     runs, notes, loaded = [], [], set()
     for root in args.runs:
@@ -412,6 +421,10 @@ def main(argv=None):
             print(f"error: {root} is neither a folder of runs nor an episodes .csv.gz", file=sys.stderr)
             return 2
         found, skipped = find_runs(root)
+        if not found:  # a folder given, but nothing in it to report: a wrong path, not an empty result
+            named = "{env_id}__{exp_name}__{seed}__{timestamp}"
+            print(f"error: {root} holds no run directories (folders named {named} with event files)", file=sys.stderr)
+            return 1
         runs += found
         notes += [f"skipped {p}: not named {{env_id}}__{{exp_name}}__{{seed}}__{{timestamp}}" for p in skipped]
     latest = {}
@@ -444,18 +457,20 @@ def main(argv=None):
         print(f"error: cannot read the published numbers from {args.reference}: {e}", file=sys.stderr)
         return 2
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     rows = summarize(groups, reference, args.last)
-    images = []
-    for env in sorted({env for env, _ in groups}):
-        by_exp = {exp: rs for (e, exp), rs in groups.items() if e == env}
-        refs = {exp: references_for(reference, env, exp + ".py") for exp in by_exp}
-        image = f"{slug(env)}.png"
-        plot_env(env, by_exp, refs, out / image, args.window)
-        images.append((env, image))
-    write_readme(rows, out, images, notes, args.last, window_table(groups, args.per) if args.per else None)
-    write_summary_csv(rows, out)
-    write_episodes([r for rs in groups.values() for r in rs], out / "episodes.csv.gz")
+    images = [(env, f"{slug(env)}.png") for env in sorted({env for env, _ in groups})]
+    try:
+        with writing_into(out) as tmp:  # all or nothing: a full disk leaves the report that was there
+            for env, image in images:
+                by_exp = {exp: rs for (e, exp), rs in groups.items() if e == env}
+                refs = {exp: references_for(reference, env, exp + ".py") for exp in by_exp}
+                plot_env(env, by_exp, refs, tmp / image, args.window)
+            write_readme(rows, tmp, images, notes, args.last, window_table(groups, args.per) if args.per else None)
+            write_summary_csv(rows, tmp)
+            write_episodes([r for rs in groups.values() for r in rs], tmp / "episodes.csv.gz")
+    except OSError as e:
+        print(f"error: cannot write the report into {out} ({reason(e)}); what was there is kept", file=sys.stderr)
+        return 1
     print(f"wrote {out / 'README.md'}, summary.csv, episodes.csv.gz and {len(images)} figure(s) from {len(latest)} run(s)")
     return 0
 

@@ -83,8 +83,15 @@ def main(argv=None):
     opts = parser.parse_args(argv)
     torch.set_num_threads(1)
     m = load("ppo_shared.py")
+    given = {} if opts.vf_coef is None else {"vf_coef": opts.vf_coef}
     for env_id in opts.env_ids:  # the script's own checks (an unknown id names the script to use): one line, no table
-        error = m.check_args(m.Args(env_id=env_id, **({} if opts.vf_coef is None else {"vf_coef": opts.vf_coef})))
+        for seed in opts.seeds:
+            error = m.check_args(m.Args(env_id=env_id, seed=seed, **given))
+            if error:
+                sys.exit(f"error: --env-ids {env_id} --seeds {seed}: {error}")
+        envs = m.make_envs(m.Args(env_id=env_id), "shared_gradients")  # its spaces: a Box action space is for another script
+        error = m.check_env(envs)
+        envs.close()
         if error:
             sys.exit(f"error: --env-ids {env_id}: {error}")
     vf_coef = m.Args().vf_coef if opts.vf_coef is None else opts.vf_coef

@@ -26,6 +26,8 @@ def test_two_ranks_stay_bit_identical_and_only_rank_0_logs(tmp_path):
     for rank in (0, 1):
         assert f"rank {rank}: parameters bit-identical on all 2 ranks" in res.stdout, res.stdout
     (run_dir,) = run_dirs(tmp_path)  # one run directory: rank 1 wrote nothing
+    names = [line.split()[1] for line in res.stdout.splitlines() if line.startswith("training ")]
+    assert names == [run_dir.name] * 2, res.stdout  # rank 1 goes by rank 0's name (its videos, its messages)
     assert len(list(run_dir.glob("events.out.tfevents.*"))) == 1
     assert len(list(tmp_path.rglob("checkpoint.pt"))) == 1
     scalars = read_scalars(run_dir)
@@ -85,4 +87,6 @@ def test_diff_against_ppo_atari_stays_small():
     a = (ROOT / "ppo_atari.py").read_text().splitlines()
     b = SCRIPT.read_text().splitlines()
     changed = [x for x in difflib.unified_diff(a, b, lineterm="") if x[:1] in "+-" and not x.startswith(("+++", "---"))]
-    assert 0 < len(changed) <= 135  # 120 until issue 15 (run dir check, group destroyed), 130 until the exit skipped teardown
+    # 120 until issue 15 (run dir check, group destroyed), 130 until the exit skipped teardown, 135 until issue 23 (the
+    # launch checked before the process group, said once by rank 0)
+    assert 0 < len(changed) <= 205

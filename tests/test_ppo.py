@@ -405,7 +405,7 @@ def test_same_seed_same_losses(tmp_path):
         (["--resume", "missing.pt"], "checkpoint 'missing.pt' does not exist"),
         (["--eval-checkpoint", "corrupt.pt"], "cannot load checkpoint 'corrupt.pt'"),
         (["--resume", "notackpt.pt"], "is not a checkpoint written by this project's scripts"),
-        (["--eval-checkpoint", "corrupt.pt", "--eval-episodes", "0"], "evaluate at least 1 episode"),
+        (["--eval-checkpoint", "corrupt.pt", "--eval-episodes", "0"], "--eval-episodes 0 is not allowed: it must be"),
         (["--learning-rate", "-1"], "--learning-rate -1.0 is not allowed: it must be at least 0"),
         (["--max-grad-norm", "-0.5"], "--max-grad-norm -0.5 is not allowed: it must be above 0"),
         (["--max-grad-norm", "nan"], "--max-grad-norm nan is not allowed: it must be above 0"),

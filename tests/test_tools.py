@@ -6,6 +6,7 @@ import math
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -392,6 +393,7 @@ def test_suites_run_the_commands_in_order(tmp_path, monkeypatch):
     log = tmp_path / "calls.txt"
     (fake / "ppo.py").write_text(f"import sys\nopen({str(log)!r}, 'a').write(' '.join(sys.argv[1:]) + '\\n')\n")
     monkeypatch.setattr(suites, "ROOT", fake)
+    monkeypatch.setattr(suites, "run_error", lambda todo: None)  # the fake is no variant script to check the flags of
     monkeypatch.chdir(tmp_path)
     argv = ["classic", "--run", "--seeds", "1", "2", "--envs", "Acrobot-v1", "--steps", "1024", "--", "--no-cuda"]
     assert suites.main(argv) == 0
@@ -657,3 +659,375 @@ def test_report_draws_a_published_line_only_within_reach_of_the_runs():
     runs.append(report.Run("BreakoutNoFrameskip-v4", "ppo_atari", 2, 0, Path("b"), last_step=5_000_000))
     assert report.within_reach(row, runs)  # the longest run counts
     assert report.within_reach({"steps": 500_000}, [report.Run("CartPole-v1", "ppo", 1, 0, Path("c"), last_step=499_712)])
+
+
+# ------------------------------------------------- every tool's arguments, its writes and signals (issue 23)
+
+ablate = load_module("benchmark/ablate.py")
+speed = load_module("benchmark/speed.py")
+atari_speed = load_module("benchmark/atari_speed.py")
+first_ratio = load_module("benchmark/first_ratio.py")
+kl_estimators = load_module("benchmark/kl_estimators.py")
+shared_gradients = load_module("benchmark/shared_gradients.py")
+gif = load_module("tools/gif.py")
+
+
+def one_line(text):
+    """The text is one line, with no traceback in it (argparse's usage lines aside)."""
+    lines = text.strip().splitlines()
+    if lines and lines[0].startswith("usage:"):  # parser.error: the usage, then "<prog>: error: ..."
+        lines = lines[next((i for i, x in enumerate(lines) if ": error: " in x), 0) :]
+    assert len(lines) == 1 and "Traceback" not in text, text
+    return lines[0]
+
+
+def refused(capsys, call):
+    """Run `call` (a tool's main) in this process: it must refuse in one line, by its exit status or sys.exit."""
+    try:
+        rc = call()
+    except SystemExit as e:
+        rc = e.code
+    err = capsys.readouterr().err + (rc if isinstance(rc, str) else "")
+    assert rc not in (0, None), err
+    return one_line(err)
+
+
+def leftover(pattern):
+    """The pids of processes whose command line matches `pattern` (a run that outlived the tool that started it)."""
+    res = subprocess.run(["pgrep", "-f", "--", pattern], capture_output=True, text=True)
+    return [int(p) for p in res.stdout.split()]
+
+
+def kill_leftovers(pattern):
+    for pid in leftover(pattern):  # our own test's runs, by their unique seed
+        os.kill(pid, 9)
+
+
+ABLATE = ["ppo.py", "--env-id", "CartPole-v1", "--total-timesteps", "1024", "--seeds", "1", "--details", "core-4"]
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (ABLATE + ["--", "--seed", "3"], "--seed after --: ablate.py sets it for each run (use --seeds)"),
+        (ABLATE + ["--", "--exp-name", "x"], "--exp-name after --: ablate.py sets it"),
+        (ABLATE + ["--", "--no-anneal-lr"], "--no-anneal-lr after --: the flag of core-4, which the ablation switches off"),
+        (ABLATE + ["--", "--nope"], "ppo.py: Unrecognized options: --nope"),
+        (ABLATE + ["--", "--num-envs", "x"], "ppo.py: Error parsing --num-envs"),
+        (ABLATE + ["--", "--resume", "runs/x/checkpoint.pt"], "--resume continues one run"),
+        (ABLATE + ["--total-timesteps", "100"], "ppo.py: --total-timesteps 100 is smaller than one batch"),
+        (ABLATE + ["--env-id", "Nope-v0"], "unknown environment id 'Nope-v0'"),
+        (ABLATE + ["--seeds", "1", "1"], "--seeds: 1 given twice"),
+        (ABLATE + ["--seeds", str(2**32)], f"--seed {2**32} is not allowed"),
+        (ABLATE + ["--out", "taken"], "--out taken: taken is a file, not a folder"),
+        (ABLATE + ["--log-dir", "taken/logs"], "--log-dir taken/logs: taken is a file, not a folder"),
+        (ABLATE + ["--report-only", "--runs", "nothing"], "--runs nothing: no such folder or episodes file"),
+        (["tools"] + ABLATE[1:], "tools is a folder, not a variant script"),
+        ([str(ROOT / "benchmark/report.py")] + ABLATE[1:], "report.py is not a variant script (e.g. ppo.py)"),
+    ],
+)
+def test_ablate_refuses_what_its_runs_would_refuse_in_one_line_before_anything_runs(
+    tmp_path, monkeypatch, capsys, argv, message
+):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "taken").write_text("a file")
+    assert message in refused(capsys, lambda: ablate.main(argv))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["taken"]  # no runs/, logs/ or report
+
+
+def test_ablate_flags_after_the_double_dash_identify_the_runs(tmp_path, monkeypatch, capsys):
+    """The issue's case: an ablation with flags after -- after the same one without them made its own runs, and its
+    report is of them (the runs without the flags here: fakes of return 1000, which CartPole cannot reach in 512 steps)."""
+    for exp in ("ppo__default", "ppo__off-core-4"):
+        write_run(tmp_path / "runs", f"CartPole-v1__{exp}__1__1000", [(s, 1000.0) for s in range(100, 501, 100)], 512)
+    args = ABLATE + ["--total-timesteps", "512", "--jobs", "2", "--out", "report", "--last", "5"]
+    res = tool("benchmark/ablate.py", *args, "--", "--gamma", "0.98", cwd=tmp_path, timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "already complete" not in res.stdout and res.stdout.count("] started ") == 2
+    new = sorted(d.name.rsplit("__", 2)[0] for d in (tmp_path / "runs").iterdir() if not d.name.endswith("__1000"))
+    tag = new[0].split("__")[-1]
+    assert new == [f"CartPole-v1__ppo__default__{tag}", f"CartPole-v1__ppo__off-core-4__{tag}"] and tag.startswith("with-")
+    with open(tmp_path / "report/summary.csv", newline="") as f:
+        means = [float(r["mean"]) for r in csv.DictReader(f)]
+    assert len(means) == 2 and max(means) < 500  # the new runs, not the fakes
+    assert "`--gamma 0.98`" in (tmp_path / "report/README.md").read_text()
+    monkeypatch.chdir(tmp_path)  # the same again, in this process (no run to start)
+    assert ablate.main([*args, "--", "--gamma=0.98"]) == 0  # the same settings, spelled otherwise: the same runs
+    assert "2 of 2 runs are already complete" in capsys.readouterr().out
+    assert ablate.main(args) == 0  # without the flags: the runs made without them (the fakes)
+    assert "2 of 2 runs are already complete" in capsys.readouterr().out
+    with open(tmp_path / "report/summary.csv", newline="") as f:
+        assert [float(r["mean"]) for r in csv.DictReader(f)] == [1000.0, 1000.0]
+
+
+def test_ablate_does_not_take_a_longer_run_for_a_complete_one(tmp_path):
+    """A run made with a larger --total-timesteps anneals its learning rate over another horizon: not this ablation's."""
+    write_run(tmp_path, "CartPole-v1__ppo__default__1__1000", [(512, 10.0)], 1024)
+    write_run(tmp_path, "CartPole-v1__ppo__default__2__1000", [(512, 10.0)], 4096)
+    assert ablate.completed_runs(tmp_path, 1024) == {("CartPole-v1", "ppo__default", 1)}
+    notes = []
+    groups = ablate.load_groups([tmp_path], "ppo", {"CartPole-v1"}, [], {1, 2}, 1024, notes)
+    assert [r.seed for r in groups["CartPole-v1", "ppo__default"]] == [1]
+    assert notes == ["ppo__default CartPole-v1 seed 2 ran to step 4,096, past the total: left out"]
+
+
+def full_disk(*args, **kwargs):
+    raise OSError(28, "No space left on device")
+
+
+def test_ablate_and_report_write_their_report_whole_or_not_at_all(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    for exp in ("ppo__default", "ppo__off-core-4"):
+        write_run(tmp_path / "runs", f"CartPole-v1__{exp}__1__1000", [(s, 10.0) for s in range(100, 1001, 100)], 1024)
+    out = tmp_path / "report"
+    out.mkdir()
+    (out / "README.md").write_text("the report that was there")
+    monkeypatch.setattr(ablate, "write_report", full_disk)
+    line = refused(capsys, lambda: ablate.main([*ABLATE, "--report-only", "--out", str(out)]))
+    assert "cannot write the report into" in line and "No space left on device" in line
+    monkeypatch.setattr(report, "write_summary_csv", full_disk)  # report.py: the figures and README.md were written
+    line = refused(capsys, lambda: report.main([str(tmp_path / "runs"), "--out", str(out)]))
+    assert "cannot write the report into" in line and "No space left on device" in line
+    assert [p.name for p in out.iterdir()] == ["README.md"]  # nothing half-written, no temporary folder left
+    assert (out / "README.md").read_text() == "the report that was there"
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["{runs}", "--out", "{file}"], "is a file, not a folder"),
+        (["{runs}", "{empty}"], "empty holds no run directories"),
+        (["{runs}", "--reference", "{empty}"], "--reference"),
+    ],
+)
+def test_report_bad_paths_one_line_before_anything_is_written(tmp_path, capsys, runs_dir, argv, message):
+    (tmp_path / "file").write_text("a file")
+    (tmp_path / "empty").mkdir()
+    paths = {"runs": runs_dir, "file": tmp_path / "file", "empty": tmp_path / "empty"}
+    argv = [a.format(**paths) for a in argv] + ([] if "--out" in argv else ["--out", str(tmp_path / "out")])
+    assert message in refused(capsys, lambda: report.main(argv))
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["classic", "--steps", "0"], "--steps 0 is not allowed: it must be at least 1"),
+        (["classic", "--seeds", "-1"], "--seeds -1 is not allowed"),
+        (["classic", "--seeds", "1", "1"], "--seeds: 1 given twice"),
+        (["classic", "classic"], "suites: classic given twice"),
+        (["classic", "--envs", "CartPole-v1", "PongNoFrameskip-v4"], "--envs PongNoFrameskip-v4: not in classic, whose"),
+        (["classic", "--", "--seed", "5"], "--seed after --: the suite sets it for each command; use --seeds"),
+        (["classic", "--from", "10"], "--from 10 is not allowed: the suite has commands 1 to 9"),
+        (["classic", "--run", "--steps", "100"], "ppo.py: --total-timesteps 100 is smaller than one batch"),
+        (["classic", "--run", "--", "--nope"], "ppo.py: Unrecognized options: --nope"),
+        (["classic", "--run", "--", "--resume", "runs/x/checkpoint.pt"], "--resume continues one run"),
+        (["mujoco", "--run", "--", "--gamma", "2"], "ppo_continuous_action.py: --gamma 2.0 is not allowed"),
+    ],
+)
+def test_suites_refuse_in_one_line_before_any_run(tmp_path, monkeypatch, capsys, argv, message):
+    monkeypatch.chdir(tmp_path)
+    assert message in refused(capsys, lambda: suites.main(argv))
+    assert list(tmp_path.iterdir()) == []  # no run was started
+
+
+def test_suites_from_the_nth_command():
+    lines = tool("benchmark/suites.py", "classic", "--from", "8").stdout.splitlines()
+    assert lines == [f"python ppo.py --env-id MountainCar-v0 --seed {s} --total-timesteps 500000" for s in (2, 3)]
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_suites_pass_a_signal_on_to_the_run_and_say_how_to_go_on(tmp_path, signum):
+    """The issue's case: SIGTERM (or SIGINT) to `suites.py --run` reaches the run, which writes its checkpoint and logs;
+    the suite waits for it, then says in one line what stopped and how to go on, with 128 + the signal."""
+    seed = 7790 + signum  # found again by pgrep: nothing may outlive the suite
+    cmd = [sys.executable, str(ROOT / "benchmark/suites.py"), "classic", "--envs", "CartPole-v1", "--seeds", seed, 1]
+    cmd += ["--steps", 200000, "--run", "--", "--torch-threads", 1]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(
+        [str(c) for c in cmd], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+    )
+    try:
+        deadline = time.time() + 60
+        while not list(tmp_path.glob("runs/*/events.out.tfevents.*")) and time.time() < deadline:
+            time.sleep(0.3)
+        time.sleep(1.5)  # a few iterations in
+        proc.send_signal(signum)
+        out, err = proc.communicate(timeout=90)
+        assert proc.returncode == 128 + signum, out + err
+        (run,) = (tmp_path / "runs").iterdir()
+        assert (run / "checkpoint.pt").is_file() and f"{signal.Signals(signum).name} received" in out
+        line = one_line(err)
+        assert line.startswith(f"suite stopped by {signal.Signals(signum).name} during [1/2] (the run exited {128 + signum})")
+        assert f"--resume runs/{run.name}/checkpoint.pt" in line and "--from 2 -- --torch-threads 1" in line
+        assert "[2/2]" not in out and not leftover(f"--seed {seed} ")
+    finally:
+        proc.kill()
+        kill_leftovers(f"--seed {seed} ")
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["tools"], "tools is a folder, not a variant script"),
+        ([str(ROOT / "benchmark/report.py")], "report.py is not a variant script (e.g. ppo.py): it defines no Args"),
+        (["--env-id", "Nope-v0", "ppo.py"], "ppo.py: unknown environment id 'Nope-v0'"),
+        (["--script-args=--nope", "ppo.py"], "ppo.py: Unrecognized options: --nope"),
+        (["--with-flags=--bf16x", "ppo.py"], "ppo.py: Unrecognized options: --bf16x"),
+        (["--script-args='--seed", "ppo.py"], '--script-args "\'--seed": No closing quotation'),
+        (["--train-steps", "1024", "ppo.py"], "ppo.py: 2 iteration(s) of 512 steps is too few to time after 5 warm-up"),
+        (["--env-seconds", "inf", "ppo.py"], "--env-seconds above 0 (and finite)"),
+        (["--script-args=--resume x.pt", "ppo.py"], "--resume continues one run"),
+    ],
+)
+def test_speed_refuses_what_its_runs_would_refuse(capsys, argv, message):
+    assert message in refused(capsys, lambda: speed.main(argv))
+
+
+def test_speed_stops_its_measuring_run_on_sigterm(tmp_path):
+    """The run it measures gets the signal too (speed.py and atari_speed.py share the code: tools/_common.py's Runs)."""
+    marker = "--total-timesteps 200000 --seed 7801"  # in the measuring run's command line only
+    argv = ["--repeats", "1", "--env-seconds", "0.2", "--train-steps", "200000", "--script-args=--seed 7801", "ppo.py"]
+    pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True}
+    proc = subprocess.Popen([sys.executable, str(ROOT / "benchmark/speed.py"), *argv], cwd=tmp_path, **pipes)
+    try:
+        deadline = time.time() + 90
+        while not leftover(marker) and time.time() < deadline:  # its measuring run has started
+            time.sleep(0.3)
+        time.sleep(1)
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=90)
+        assert proc.returncode == 128 + signal.SIGTERM, out + err
+        assert "stopped by SIGTERM: the run going was stopped" in one_line(err) and not leftover(marker)
+    finally:
+        proc.kill()
+        kill_leftovers(marker)
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--repeats", "0"], "--repeats is too small"),
+        (["--env-warmup", "-1"], "--env-warmup is too small"),
+        (["--timeout", "0"], "--timeout is too small"),
+        (["--num-envs", "0"], "--num-envs is too small"),
+        (["--torch-threads", "-1"], "ppo_atari.py: --torch-threads -1 is not allowed"),
+        (["--env-id", "CartPole-v1"], "ppo_atari.py needs an Atari id"),
+    ],
+)
+def test_atari_speed_refuses_in_one_line_before_measuring(capsys, argv, message):
+    assert message in refused(capsys, lambda: atari_speed.main(argv))
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["nope.py"], "no such script: nope.py"),
+        (["tools"], "tools is a folder, not a variant script"),
+        ([str(ROOT / "benchmark/speed.py")], "speed.py is not a variant script (e.g. ppo.py): it defines no Args"),
+        (["ppo.py", "--nope"], "ppo.py: Unrecognized options: --nope"),
+        (["ppo.py", "--total-timesteps", "1024", "--target-kl", "0.01"], "--target-kl can cut an update short"),
+        (["ppo.py", "--total-timesteps", "1024", "--eval-checkpoint", "x.pt"], "--eval-checkpoint evaluates"),
+    ],
+)
+def test_first_ratio_refuses_in_one_line(tmp_path, monkeypatch, capsys, argv, message):
+    monkeypatch.chdir(tmp_path)
+    assert message in refused(capsys, lambda: first_ratio.main(argv))
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--nope"], "ppo.py: Unrecognized options: --nope"),
+        (["--num-minibatches", "1", "--update-epochs", "1", "--total-timesteps", "512"], "one minibatch per update"),
+        (["--resume", "x.pt"], "--resume continues one run"),
+    ],
+)
+def test_kl_estimators_refuses_in_one_line(tmp_path, monkeypatch, capsys, argv, message):
+    monkeypatch.chdir(tmp_path)
+    assert message in refused(capsys, lambda: kl_estimators.main(argv))
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_kl_estimators_help_prints_its_own_and_runs_nothing(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    kl_estimators.main(["--help"])
+    assert "The KL estimators on real updates" in capsys.readouterr().out and list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--env-ids", "CartPole-v1", "--seeds", "-1"], "--seed -1 is not allowed"),
+        (["--env-ids", "CartPole-v1", "Pendulum-v1", "--seeds", "1"], "--env-ids Pendulum-v1: ppo_shared.py needs a Discrete"),
+    ],
+)
+def test_shared_gradients_refuses_before_its_table(capsys, argv, message):
+    try:
+        shared_gradients.main(argv)
+    except SystemExit as e:
+        code = e.code
+    assert message in one_line(str(code)) and capsys.readouterr().out == ""  # no table begun
+
+
+@pytest.mark.parametrize("root", ["a_file", "nowhere", "empty"])
+def test_details_and_lineage_refuse_a_root_without_scripts(tmp_path, root):
+    (tmp_path / "a_file").write_text("not a folder")
+    (tmp_path / "empty").mkdir()
+    for argv in (["tools/details.py"], ["tools/details.py", "--check"], ["tools/lineage.py", "--check-shared"]):
+        res = tool(*argv, "--root", tmp_path / root)
+        assert res.returncode == 2 and res.stdout == "", (argv, res.stdout)  # a check over nothing does not say "ok"
+        expected = {"a_file": "is a file, not a folder", "nowhere": "no such folder", "empty": "no variant script"}
+        assert expected[root] in one_line(res.stderr)
+
+
+def test_lineage_without_a_pair_to_compare_and_an_output_that_is_a_file(tmp_path):
+    shutil.copy(ROOT / "ppo.py", tmp_path / "ppo.py")
+    for argv in ([], ["--html", "--out", tmp_path / "html"]):
+        res = tool("tools/lineage.py", *argv, "--root", tmp_path)
+        assert res.returncode == 2 and "no child script beside its parent" in one_line(res.stderr), res.stdout
+    shutil.copy(ROOT / "ppo.py", tmp_path / "ppo_shared.py")
+    (tmp_path / "taken").write_text("a file")
+    res = tool("tools/lineage.py", "--html", "--out", tmp_path / "taken", "--root", tmp_path)
+    assert res.returncode == 2 and "is a file, not a folder" in one_line(res.stderr)
+
+
+def test_details_writes_details_md_whole_or_says_why_not(repo):
+    (repo / "DETAILS.md").mkdir()  # the name is taken
+    res = tool("tools/details.py", "--root", repo)
+    assert res.returncode == 1 and "cannot write" in one_line(res.stderr) and "DETAILS.md" in res.stderr
+    assert sorted(p.name for p in repo.iterdir()) == ["DETAILS.md", *BASE_SCRIPTS]  # no temporary file left
+
+
+@pytest.mark.parametrize(
+    "gif_name, message",
+    [("out.png", "does not end in .gif"), ("folder.gif", "is a folder"), ("no/out.gif", "is not a folder")],
+)
+def test_gif_refuses_an_output_it_cannot_write_before_decoding(tmp_path, gif_name, message):
+    (tmp_path / "folder.gif").mkdir()
+    (tmp_path / "video.mp4").write_text("not decoded: refused before")
+    res = tool("tools/gif.py", tmp_path / "video.mp4", tmp_path / gif_name)
+    assert res.returncode == 1 and message in one_line(res.stderr)
+
+
+def test_a_benchmark_shell_script_passes_sigterm_on_and_waits(tmp_path):
+    """bash alone exits on SIGTERM and leaves its command running: atari_lstm.sh passes it on to suites.py, which
+    passes it on to the run (a checkpoint written), and stops with 128 + SIGTERM without its report."""
+    cmd = ["bash", str(ROOT / "benchmark/atari_lstm.sh"), "--run", "--seeds", "7812", "--envs", "PongNoFrameskip-v4"]
+    cmd += ["--steps", "100000", "--", *"--num-envs 2 --num-steps 32 --num-minibatches 2 --torch-threads 1".split()]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        deadline = time.time() + 90
+        while not list(tmp_path.glob("runs/*/events.out.tfevents.*")) and time.time() < deadline:
+            time.sleep(0.3)
+        time.sleep(2)
+        proc.send_signal(signal.SIGTERM)  # to bash only
+        out, err = proc.communicate(timeout=90)
+        assert proc.returncode == 128 + signal.SIGTERM, out + err
+        assert list(tmp_path.glob("runs/*/checkpoint.pt")) and "suite stopped by SIGTERM during [1/1]" in err
+        assert not (tmp_path / "report").exists() and not leftover("--seed 7812 ")
+    finally:
+        proc.kill()
+        kill_leftovers("--seed 7812 ")

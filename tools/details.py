@@ -16,7 +16,18 @@ import tokenize
 from collections import defaultdict
 from pathlib import Path
 
-from _common import ABLATIONS, NEAREST_OFF, PARENTS, ROOT, VARIANTS, off_flags, variant_scripts
+from _common import (
+    ABLATIONS,
+    NEAREST_OFF,
+    PARENTS,
+    ROOT,
+    VARIANTS,
+    off_flags,
+    reason,
+    root_error,
+    variant_scripts,
+    write_text_atomic,
+)
 
 # (group, title, which scripts the blog's group is about)
 GROUPS = [
@@ -303,10 +314,11 @@ def main(argv=None):
     parser.add_argument("--root", default=str(ROOT), help="the repository root (default: this repository)")
     args = parser.parse_args(argv)
     root = Path(args.root)
+    error = root_error(root)
+    if error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     found, problems = scan(root)
-    if not found:
-        print(f"error: no variant script (ppo*.py) under {root}", file=sys.stderr)
-        return 1
     text = render(found)
     target = root / "DETAILS.md"
     if args.check:
@@ -318,7 +330,11 @@ def main(argv=None):
             first = next((i for i, (a, b) in enumerate(zip(old, new)) if a != b), min(len(old), len(new)))
             problems.append(f"DETAILS.md is stale (first difference at line {first + 1}): run python tools/details.py")
     else:
-        target.write_text(text, encoding="utf-8")
+        try:
+            write_text_atomic(target, text)  # whole or not at all
+        except OSError as e:
+            print(f"error: cannot write {target} ({reason(e)}); it is as it was", file=sys.stderr)
+            return 1
         print(f"wrote {target} ({sum(len(t) for t in found.values())} tags in {len(found)} scripts)")
     for problem in problems:
         print(f"error: {problem}", file=sys.stderr)

@@ -8,6 +8,7 @@ than the game (Atari videos hold every emulator frame: 4 per agent step). `--max
 """
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -30,7 +31,12 @@ def video_to_gif(video, gif, every=4, max_frames=None):
         clip.close()
     if not frames:
         raise ValueError(f"{video} holds no frames")
-    imageio.mimsave(str(gif), frames, duration=1000 / fps, loop=0)
+    tmp = Path(gif).with_name(f".{Path(gif).stem}.tmp{os.getpid()}.gif")  # whole or not at all (a full disk, ...)
+    try:
+        imageio.mimsave(str(tmp), frames, duration=1000 / fps, loop=0)
+        os.replace(tmp, gif)
+    finally:
+        tmp.unlink(missing_ok=True)
     return len(frames)
 
 
@@ -45,6 +51,11 @@ def main(argv=None):
         sys.exit(f"error: {opts.video} is not a file; give an .mp4 from videos/<run_name>/")
     if opts.every < 1 or (opts.max_frames is not None and opts.max_frames < 1):
         sys.exit("error: --every and --max-frames must be at least 1")
+    if opts.gif.suffix.lower() != ".gif":
+        sys.exit(f"error: {opts.gif} does not end in .gif; name the GIF to write, e.g. breakout.gif")
+    if opts.gif.is_dir() or not opts.gif.parent.is_dir():
+        where = f"{opts.gif} is a folder" if opts.gif.is_dir() else f"{opts.gif.parent} is not a folder"
+        sys.exit(f"error: {where}; give the path of the GIF to write, in a folder that exists")
     try:
         n = video_to_gif(opts.video, opts.gif, opts.every, opts.max_frames)
     except (OSError, ValueError) as e:  # ffmpeg's message runs over many lines: its last one says why

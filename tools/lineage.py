@@ -24,7 +24,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from _common import ATARI_SCRIPTS, PARENTS, ROOT, VARIANTS, script_name
+from _common import ATARI_SCRIPTS, PARENTS, ROOT, VARIANTS, folder_error, reason, root_error, script_name, writing_into
 
 # changed-line budget of each child against its parent
 BUDGETS = {
@@ -38,15 +38,18 @@ BUDGETS = {
     # (142 until the ablation flags of issue 17: clip_action, norm_obs, clip_obs, norm_reward, clip_reward, +16)
     # 165: below the fence (issue 22) Run's snapshot/save/restore carry the normalization statistics, +4
     "ppo_atari_lstm.py": 160,
-    "ppo_multidiscrete.py": 295,  # issue 8 set 160; measured 225: removing the Atari wrappers and CNN alone is ~120 lines
+    "ppo_multidiscrete.py": 298,  # issue 8 set 160; measured 225: removing the Atari wrappers and CNN alone is ~120 lines
     # (230 until the parents wrote their Categorical out, issue 9; 235 until issue 14 gave the parent a frame limit, +9,
     # and had the log-probs count only the cells the env executes, +20; 263 until the parent's Atari ablation flags, +7,
-    # which a MicroRTS script drops with the Atari wrappers; 285 until the parent's --bf16, which it drops too, +7)
+    # which a MicroRTS script drops with the Atari wrappers; 285 until the parent's --bf16, which it drops too, +7;
+    # 295 until the parent's --noop-max bound, the game's frame limit, which it drops too, +3: issue 23)
     "ppo_multidiscrete_mask.py": 60,
     "ppo_atari_envpool.py": 240,  # 151 as ale-py's vector env; envpool with ppo2's game (issue 14) 221; +5: no envpool
     # 240: the no-op step after a life loss counted in the logged game (issue 25, +3)
-    "ppo_atari_multigpu.py": 140,  # measured 115 when written; 123 with the run-dir check and the group destroyed (issue 15)
+    "ppo_atari_multigpu.py": 205,  # measured 115 when written; 123 with the run-dir check and the group destroyed (issue 15)
     # 135 when the plumbing moved below the fence (issue 22): Run's own __init__/restore/open_writer/save/finish, +6
+    # 205 (issue 23): the launch checked before the process group, said once by rank 0 (start, exit_once, other_workers;
+    # a half-set distributed environment, numpy's seed + rank), +60
 }
 
 # Args fields whose default a child may change (its own details or its domain's published settings);
@@ -548,6 +551,16 @@ def main(argv=None):
     if args.above_fence and not (args.diff or args.html):
         parser.error("--above-fence goes with --diff CHILD (or --html, which writes the above-fence pages anyway)")
     root = Path(args.root)
+    error = root_error(root)
+    if not error and not any((root / s).is_file() for s in VARIANTS):
+        error = f"none of the lineage's scripts ({', '.join(VARIANTS)}) is under {root}: nothing to check"
+    if not error and not args.diff and not args.check_shared and not pairs(root):  # the table and --html compare pairs
+        error = f"no child script beside its parent under {root} (e.g. ppo.py and ppo_shared.py): nothing to compare"
+    if not error and args.html:
+        error = folder_error(args.out or root / "docs" / "diffs", "--out")
+    if error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
 
     if args.diff:
         child = script_name(args.diff)
@@ -570,9 +583,14 @@ def main(argv=None):
         return 0
     if args.html:
         out = Path(args.out) if args.out else root / "docs" / "diffs"
-        written = write_html(root, out)
+        try:
+            with writing_into(out) as tmp:  # all or nothing: a full disk leaves the pages that were there
+                written = write_html(root, tmp)
+        except OSError as e:
+            print(f"error: cannot write the pages into {out} ({reason(e)}); what was there is kept", file=sys.stderr)
+            return 1
         n_above = sum(p.name.endswith(".above-fence.html") for p in written)
-        print(f"wrote {len(written) - 1 - n_above} pair page(s), {n_above} above-fence page(s) and {written[-1]}")
+        print(f"wrote {len(written) - 1 - n_above} pair page(s), {n_above} above-fence page(s) and {out / written[-1].name}")
         return 0
     if args.check_shared:
         problems = check_shared(root)
