@@ -1031,3 +1031,31 @@ def test_a_benchmark_shell_script_passes_sigterm_on_and_waits(tmp_path):
     finally:
         proc.kill()
         kill_leftovers("--seed 7812 ")
+
+
+@pytest.mark.parametrize(
+    "argv, said",
+    [
+        (["ppo.py"], "is not one of the Atari scripts"),
+        (["ppo_atari_envpool.py", "--iterations", "0"], "measure at least 1"),
+        (["ppo_atari_envpool.py", "--against", "no-such-revision"], "no ppo_atari_envpool.py at that revision"),
+    ],
+)
+def test_step_profile_refuses_in_one_line_before_running(argv, said):
+    res = subprocess.run(
+        [sys.executable, str(ROOT / "benchmark" / "step_profile.py"), *argv], capture_output=True, text=True, timeout=120
+    )
+    assert res.returncode == 2 and said in res.stderr and "Traceback" not in res.stderr, res.stderr
+
+
+def test_step_profile_accounts_for_every_piece_of_a_tiny_run(tmp_path):
+    """The pieces of a profiled run are all there, none negative (the timers neither miss a phase nor count one twice)."""
+    spec = importlib.util.spec_from_file_location("step_profile", ROOT / "benchmark" / "step_profile.py")
+    step_profile = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(step_profile)
+    flags = ["--num-envs", "2", "--num-steps", "32", "--num-minibatches", "2", "--update-epochs", "1"]
+    timers, args, alone = step_profile.profile(ROOT / "ppo_atari_envpool.py", flags, iterations=2, warmup=1)
+    rows = dict(step_profile.table(timers, 2 * args.num_envs * args.num_steps))
+    assert args.num_envs == 2 and alone > 0
+    assert len(rows) == 8 and all(v >= 0 for k, v in rows.items() if not k.startswith("between")), rows
+    assert rows["game"] > 0 and rows["rollout forward"] > 0 and rows["update backward + Adam"] > 0, rows
