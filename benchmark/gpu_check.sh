@@ -8,6 +8,7 @@
 #
 #   bash benchmark/gpu_check.sh                  # without a CUDA GPU: one line saying so, exit 0
 #   LIMIT_SECONDS=480 PONG_TARGET=20 bash benchmark/gpu_check.sh
+#   PONG_FLAGS="--max-episode-frames 400" ...   # flags added to the Pong run's (the tests' short games on the CPU)
 #
 # Logs and runs go to a temporary folder (kept, its path printed). MicroRTS is checked only where gym-microrts and
 # Java are installed (bash tools/install_microrts.sh).
@@ -15,6 +16,7 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 LIMIT_SECONDS=${LIMIT_SECONDS:-480}
 PONG_TARGET=${PONG_TARGET:-20}
+PONG_FLAGS=${PONG_FLAGS:-}
 
 EXPECT=${GPU_CHECK_EXPECT:-cuda} # cpu: the same checks on a machine without a GPU (tests run it so)
 PARTS=${GPU_CHECK_PARTS:-"variants torchrun pong"}
@@ -80,7 +82,7 @@ if [ "$left" -lt 30 ]; then
 fi
 # the run's own TensorBoard events are read every few seconds: the wall time (since the run's first event) and step of
 # the first game at which the mean of the last 20 games reached the target; then a clean stop (SIGINT)
-python - "$OUT" "$PONG_TARGET" "$left" "$ROOT/ppo_atari_envpool.py" <<'EOF'
+python - "$OUT" "$PONG_TARGET" "$left" "$ROOT/ppo_atari_envpool.py" "$PONG_FLAGS" <<'EOF'
 import signal
 import subprocess
 import sys
@@ -92,6 +94,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 out, target, left, script = Path(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3]), sys.argv[4]
 flags = ["--clip-coef", "0.2", "--num-envs", "16", "--num-minibatches", "8", "--num-steps", "128", "--update-epochs", "3"]
+flags += sys.argv[5].split()
 cmd = [sys.executable, script, "--cuda", "--env-id", "PongNoFrameskip-v4", *flags, "--total-timesteps", "10000000"]
 with open(out / "pong.log", "w") as log:
     run = subprocess.Popen([*cmd, "--exp-name", "pong_gpu_check"], cwd=out, stdout=log, stderr=subprocess.STDOUT)

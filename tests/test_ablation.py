@@ -18,7 +18,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-from conftest import ROOT, load_script, run_dirs, run_script
+from conftest import ROOT, load_script, run_dirs, run_python, run_script
 from tbutil import read_scalars
 from test_atari import chain
 from test_multidiscrete import needs_microrts
@@ -47,8 +47,8 @@ MICRORTS = {"ppo_multidiscrete.py", "ppo_multidiscrete_mask.py"}
 
 def tiny_losses(script, cwd, *flags, path=None, name="run"):
     """The losses/* scalars of a tiny run of `script` (or of the file `path`) with `flags`."""
-    cmd = [sys.executable, str(path or ROOT / script), *map(str, TINY[script]), "--exp-name", name, *map(str, flags)]
-    res = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=300, env={**ONE_THREAD, **_env()})
+    args = [*TINY[script], "--exp-name", name, *flags]
+    res = run_python(path or ROOT / script, *args, cwd=cwd, env={**ONE_THREAD, **_env()})
     assert res.returncode == 0, res.stderr[-2000:]
     (run_dir,) = [d for d in run_dirs(cwd) if f"__{name}__" in d.name]
     scalars = read_scalars(run_dir)
@@ -111,8 +111,8 @@ def test_a_checkpoint_resumes_as_it_did_before_the_fence(script, tmp_path):
     (tmp_path / "rev").mkdir()
     old = shutil.copy(script_at(PRE_FENCE_REV, script, tmp_path), tmp_path / "rev" / script)  # its own name: checked
     flags, batch = RESUME_TINY[script]
-    first = [sys.executable, str(old), *map(str, flags), "--total-timesteps", str(batch), "--save-model", "--exp-name", "r"]
-    res = subprocess.run(first, cwd=tmp_path, capture_output=True, text=True, timeout=300, env={**ONE_THREAD, **_env()})
+    first = [*flags, "--total-timesteps", batch, "--save-model", "--exp-name", "r"]
+    res = run_python(old, *first, cwd=tmp_path, env={**ONE_THREAD, **_env()})
     assert res.returncode == 0, res.stderr[-2000:]
     (run_dir,) = run_dirs(tmp_path)
     losses = {}
@@ -120,8 +120,8 @@ def test_a_checkpoint_resumes_as_it_did_before_the_fence(script, tmp_path):
         work = tmp_path / name
         shutil.copytree(run_dir, work / "runs" / run_dir.name)
         checkpoint = f"runs/{run_dir.name}/checkpoint.pt"
-        resume = [sys.executable, str(path), "--resume", checkpoint, "--total-timesteps", str(3 * batch)]
-        res = subprocess.run(resume, cwd=work, capture_output=True, text=True, timeout=300, env={**ONE_THREAD, **_env()})
+        resume = ["--resume", checkpoint, "--total-timesteps", 3 * batch]
+        res = run_python(path, *resume, cwd=work, env={**ONE_THREAD, **_env()})
         assert res.returncode == 0, res.stderr[-2000:]
         scalars = read_scalars(work / "runs" / run_dir.name)
         losses[name] = {tag: values for tag, values in scalars.items() if tag.startswith("losses/")}

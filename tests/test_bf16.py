@@ -1,12 +1,10 @@
 """--bf16 in the four Atari scripts: the CNN under bfloat16 autocast, everything from its output on in float32."""
 
 import math
-import subprocess
-import sys
 
 import pytest
 import torch
-from conftest import ROOT, load_script, run_dirs, run_script
+from conftest import ROOT, load_script, run_dirs, run_python, run_script
 from tbutil import read_scalars
 
 ATARI = ["ppo_atari.py", "ppo_atari_envpool.py", "ppo_atari_lstm.py", "ppo_atari_multigpu.py"]
@@ -83,7 +81,7 @@ def test_bf16_refused_before_anything_starts(tmp_path):
     script = tmp_path / "ppo_atari.py"
     source = (ROOT / "ppo_atari.py").read_text()
     script.write_text(source.replace('with open("/proc/cpuinfo", encoding="utf-8") as f:', 'with open("/nonexistent") as f:'))
-    res = subprocess.run([sys.executable, str(script), "--bf16", "--no-cuda"], cwd=tmp_path, capture_output=True, text=True)
+    res = run_python(script, "--bf16", "--no-cuda", cwd=tmp_path)
     lines = res.stderr.strip().splitlines()
     assert res.returncode == 1 and len(lines) == 1 and lines[0].startswith("error: --bf16 needs a CPU"), res.stderr
     assert not (tmp_path / "runs").exists()

@@ -12,7 +12,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-from conftest import ROOT, load_script, run_dirs, run_script
+from conftest import ROOT, load_script, run_dirs, run_python, run_script
 from test_atari_multigpu import torchrun
 
 SCRIPTS = sorted(p.name for p in ROOT.glob("ppo*.py"))
@@ -203,8 +203,8 @@ def test_under_torchrun_a_bad_flag_is_said_once_by_rank_0(tmp_path):
 def test_a_half_set_distributed_environment_is_one_line(modules, tmp_path, monkeypatch):
     names = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "TORCHELASTIC_RUN_ID")
     full = {k: v for k, v in {**os.environ, **FAST, "WANDB_MODE": "offline"}.items() if k not in names}
-    cmd = [sys.executable, str(ROOT / "ppo_atari_multigpu.py"), *map(str, ATARI_TINY)]
-    res = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=120, env={**full, "MASTER_ADDR": "x"})
+    args = [ROOT / "ppo_atari_multigpu.py", *ATARI_TINY]
+    res = run_python(*args, cwd=tmp_path, timeout=120, env={**full, "MASTER_ADDR": "x"})
     line = one_line_error(res, tmp_path)
     assert (
         line

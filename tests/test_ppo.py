@@ -14,7 +14,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-from conftest import ROOT, load_script, run_dirs, run_script
+from conftest import ROOT, load_script, run_dirs, run_python, run_script
 from tbutil import read_scalars
 from torch import nn
 
@@ -655,8 +655,7 @@ def run_without(tmp_path, *args, drop=(), extra=None):
     """Run ppo.py in tmp_path with the environment variables `drop` removed (run_script sets WANDB_MODE=offline)."""
     env = {k: v for k, v in os.environ.items() if k not in drop}
     env.update(extra or {})
-    cmd = [sys.executable, str(ROOT / "ppo.py"), *map(str, args)]
-    return subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=120, env=env)
+    return run_python(ROOT / "ppo.py", *args, cwd=tmp_path, timeout=120, env=env)
 
 
 def test_env_whose_optional_dependency_is_missing_is_named_in_one_line(tmp_path):

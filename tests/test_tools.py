@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import run_python
 
 ROOT = Path(__file__).resolve().parent.parent
 BASE_SCRIPTS = ["ppo.py", "ppo_shared.py"]  # the scripts the copies are made of (present from the start)
@@ -37,9 +38,7 @@ report = load_module("benchmark/report.py")
 
 
 def tool(relpath, *args, cwd=ROOT, timeout=60):
-    return subprocess.run(
-        [sys.executable, str(ROOT / relpath), *map(str, args)], cwd=cwd, capture_output=True, text=True, timeout=timeout
-    )
+    return run_python(ROOT / relpath, *args, cwd=cwd, timeout=timeout)
 
 
 @pytest.fixture
@@ -579,8 +578,10 @@ def test_gpu_check_without_a_gpu_says_so_in_one_line():
 
 def test_gpu_check_pong_monitor_and_torchrun_on_cpu():
     """The same checks on the CPU (GPU_CHECK_EXPECT=cpu): torchrun makes its process group, and the Pong monitor stops
-    the run once the mean of the last 20 games reaches the target (-21 here: any 20 games), from the run's events."""
-    res = gpu_check({"GPU_CHECK_EXPECT": "cpu", "GPU_CHECK_PARTS": "torchrun pong", "PONG_TARGET": "-21"})
+    the run once the mean of the last 20 games reaches the target (-21 here: any 20 games, cut at 100 steps each), from
+    the run's events."""
+    short = {"PONG_TARGET": "-21", "PONG_FLAGS": "--max-episode-frames 400"}
+    res = gpu_check({"GPU_CHECK_EXPECT": "cpu", "GPU_CHECK_PARTS": "torchrun pong", **short})
     assert res.returncode == 0, res.stdout + res.stderr
     assert "ok   torchrun_nccl" in res.stdout
     (line,) = [x for x in res.stdout.splitlines() if x.startswith("ok   pong:")]

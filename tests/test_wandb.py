@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, run_dirs
+from conftest import ROOT, run_dirs, run_python
 
 pytest.importorskip("wandb")
 from wandbutil import offline_runs  # noqa: E402
@@ -17,10 +17,7 @@ OFFLINE = {"WANDB_MODE": "offline", "WANDB_SILENT": "true", "OMP_NUM_THREADS": "
 
 
 def run(*args, cwd, script="ppo.py", env=None):
-    cmd = [sys.executable, str(ROOT / script), *map(str, args)]
-    res = subprocess.run(
-        cmd, cwd=cwd, capture_output=True, text=True, timeout=300, env={**os.environ, **OFFLINE, **(env or {})}
-    )
+    res = run_python(ROOT / script, *args, cwd=cwd, env={**os.environ, **OFFLINE, **(env or {})})
     assert res.returncode == 0, res.stderr[-3000:]
     return res
 
