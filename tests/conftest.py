@@ -1,12 +1,12 @@
 """Shared fixtures: import a variant script as a module, and run one as `python script.py ...` would.
 
 Runs go through a fork server (a Python that has already imported torch, numpy, gymnasium, tyro and TensorBoard, and
-forks once per run), because those imports take 2-3 s of each run's time and the suite makes hundreds of runs. The child
+forks once per run), because those imports take 1-2 s of each run's time and the suite makes hundreds of runs. The child
 is a fresh run in every respect the scripts can see: its own argv, sys.path[0], working directory, environment, standard
 streams (the import's own warnings included) and exit code, and it ends through the interpreter's normal exit (atexit,
-threads, flush). The server is keyed by the environment, apart from variables its imports do not read (WANDB_*), so
-an OMP_NUM_THREADS or MUJOCO_GL given to a run reaches the imports as it would. What differs: all forked runs share one
-hash seed. PPO_TESTS_FORK=0 runs every script as a plain subprocess instead.
+threads, flush). The server is keyed by the environment, apart from variables its imports do not read (WANDB_*,
+PYTEST_CURRENT_TEST), so an OMP_NUM_THREADS or MUJOCO_GL given to a run reaches the imports as it would. What differs:
+all forked runs share one hash seed. PPO_TESTS_FORK=0 runs every script as a plain subprocess instead.
 """
 
 import importlib.util
