@@ -40,6 +40,7 @@ from _common import (  # noqa: E402  (tools/_common.py)
     ABLATIONS,
     Runs,
     Stopped,
+    exit_with,
     find_script,
     flag_error,
     folder_error,
@@ -494,4 +495,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_with(main)

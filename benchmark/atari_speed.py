@@ -24,7 +24,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools"))
-from _common import Runs, Stopped, flag_error  # noqa: E402  (tools/_common.py)
+from _common import Runs, Stopped, exit_with, flag_error  # noqa: E402  (tools/_common.py)
 
 SCRIPTS = {"wrappers": "ppo_atari.py", "vector": "ppo_atari_envpool.py"}
 
@@ -164,4 +164,4 @@ def measure(args, runs):
 
 
 if __name__ == "__main__":
-    main()
+    exit_with(main)

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
-from _common import checked_args, find_script, load_script, script_error  # noqa: E402  (tools/_common.py)
+from _common import checked_args, exit_with, find_script, load_script, script_error  # noqa: E402  (tools/_common.py)
 
 
 def main(argv):
@@ -58,4 +58,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    exit_with(main, sys.argv[1:])

@@ -13,7 +13,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools"))
-from _common import checked_args, load_script  # noqa: E402  (tools/_common.py)
+from _common import checked_args, exit_with, load_script  # noqa: E402  (tools/_common.py)
 
 
 def main(argv):
@@ -51,4 +51,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    exit_with(main, sys.argv[1:])

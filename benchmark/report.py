@@ -27,7 +27,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tools"))
-from _common import folder_error, reason, writing_into  # noqa: E402  (tools/_common.py)
+from _common import exit_with, folder_error, reason, writing_into  # noqa: E402  (tools/_common.py)
 
 RETURN_TAG = "charts/episodic_return"
 # scripts without a published table of their own, compared with the table of the script they reproduce
@@ -476,4 +476,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_with(main)

@@ -20,6 +20,8 @@ import numpy as np
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tools"))
+from _common import exit_with  # noqa: E402  (tools/_common.py)
 
 
 def load(script):
@@ -106,4 +108,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    exit_with(main)

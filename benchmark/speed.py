@@ -36,7 +36,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools"))
-from _common import Runs, Stopped, checked_args, script_error  # noqa: E402  (tools/_common.py)
+from _common import Runs, Stopped, checked_args, exit_with, script_error  # noqa: E402  (tools/_common.py)
 
 # script -> (env id, extra training flags, training steps, warm-up iterations)
 DEFAULTS = {
@@ -237,4 +237,4 @@ def script_at(rev, script, folder):
 
 
 if __name__ == "__main__":
-    main()
+    exit_with(main)

@@ -27,6 +27,9 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tools"))
+from _common import exit_with  # noqa: E402  (tools/_common.py)
+
 SCRIPTS = ("ppo_atari.py", "ppo_atari_envpool.py", "ppo_atari_lstm.py", "ppo_atari_multigpu.py")
 
 
@@ -233,4 +236,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    exit_with(main)

@@ -22,7 +22,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools"))
-from _common import Runs, Stopped, flag_error, given_fields, script_error  # noqa: E402  (tools/_common.py)
+from _common import Runs, Stopped, exit_with, flag_error, given_fields, script_error  # noqa: E402  (tools/_common.py)
 
 _ATARI = ["BreakoutNoFrameskip-v4", "PongNoFrameskip-v4", "BeamRiderNoFrameskip-v4"]
 _MICRORTS = [
@@ -256,4 +256,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_with(main)

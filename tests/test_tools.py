@@ -516,6 +516,59 @@ def test_report_table_of_mean_return_per_window_of_steps(runs_dir, tmp_path):
     assert res.returncode == 2 and "is not an episodes file" in res.stderr and "Traceback" not in res.stderr
 
 
+# Ctrl-C inside a tool: a real SIGINT, sent by the tool to itself at a chosen point (the patch survives runpy, which
+# runs the tool as `python tool.py` would, its `__main__` block included)
+CTRL_C_AT = """
+import os, runpy, signal, sys, time
+import {module} as patched
+def interrupted(*args, **kwargs):
+    os.kill(os.getpid(), signal.SIGINT)  # as a terminal's Ctrl-C
+    time.sleep(5)
+patched.{attr} = interrupted
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def ctrl_c_at(target, tool_path, *args, cwd=ROOT):
+    """Run the tool (a plain process: the signal is real) with `module:attr` replaced by a Ctrl-C to itself."""
+    module, attr = target.split(":")
+    code = CTRL_C_AT.format(module=module, attr=attr)
+    return run_python("-c", code, ROOT / tool_path, *args, cwd=cwd, fork=False)
+
+
+EVENTS = "tensorboard.backend.event_processing.event_accumulator:EventAccumulator.Reload"
+
+
+def test_ctrl_c_while_report_loads_or_writes_is_one_line_and_keeps_the_report_there(runs_dir, tmp_path):
+    out = tmp_path / "report"
+    res = ctrl_c_at(EVENTS, "benchmark/report.py", runs_dir, "--out", out)  # while the event files are read
+    assert res.returncode == 128 + signal.SIGINT and "Traceback" not in res.stderr, res.stderr
+    assert res.stderr.strip().splitlines()[-1] == "report.py: interrupted (Ctrl-C); nothing more was done"
+    assert not out.exists()
+    assert tool("benchmark/report.py", runs_dir, "--out", out).returncode == 0
+    before = {f.name: f.read_bytes() for f in out.iterdir()}
+    res = ctrl_c_at("matplotlib.figure:Figure.savefig", "benchmark/report.py", runs_dir, "--out", out, "--per", 10000)
+    assert res.returncode == 128 + signal.SIGINT and "Traceback" not in res.stderr, res.stderr
+    assert {f.name: f.read_bytes() for f in out.iterdir()} == before  # the earlier report, whole; no temporary folder
+
+
+def test_ctrl_c_while_shared_gradients_loads_is_one_line():
+    res = ctrl_c_at("gymnasium:make", "benchmark/shared_gradients.py", "--env-ids", "CartPole-v1", "--seeds", "1")
+    assert res.returncode == 128 + signal.SIGINT and "Traceback" not in res.stderr, res.stderr
+    assert res.stderr.strip().splitlines()[-1] == "shared_gradients.py: interrupted (Ctrl-C); nothing more was done"
+    assert "| env |" not in res.stdout  # stopped before its table
+
+
+def test_every_tool_exits_through_exit_with():
+    """Each tool's `__main__` block is `exit_with(main...)`: Ctrl-C anywhere in it is one line, not a traceback."""
+    tools = sorted([*ROOT.glob("benchmark/*.py"), *ROOT.glob("tools/*.py")])
+    mains = {t.name: t.read_text(encoding="utf-8").split('if __name__ == "__main__":\n')[1:] for t in tools}
+    assert len([m for m in mains.values() if m]) >= 12
+    for name, block in mains.items():
+        assert not block or block[0].strip().startswith("exit_with(main"), f"{name}: {block[0].strip()}"
+
+
 # ----------------------------------------------------------------------------------------- speed, before/after
 
 

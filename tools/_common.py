@@ -304,3 +304,15 @@ class Runs:
     def restore(self):
         for s, handler in self.previous.items():
             signal.signal(s, handler)
+
+
+def exit_with(main, *args):
+    """sys.exit(main(*args)), where Ctrl-C outside the runs a tool launches (while it loads, reads runs or measures) is
+    one line and exit status 130, not a traceback. Nothing half-written is left: reports are written whole or not at all
+    (writing_into, write_text_atomic)."""
+    try:
+        code = main(*args)
+    except KeyboardInterrupt:
+        print(f"{Path(sys.argv[0]).name}: interrupted (Ctrl-C); nothing more was done", file=sys.stderr)
+        code = 128 + signal.SIGINT
+    sys.exit(code)

@@ -22,6 +22,7 @@ from _common import (
     PARENTS,
     ROOT,
     VARIANTS,
+    exit_with,
     off_flags,
     reason,
     root_error,
@@ -346,4 +347,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_with(main)

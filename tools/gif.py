@@ -12,6 +12,8 @@ import os
 import sys
 from pathlib import Path
 
+from _common import exit_with
+
 
 def video_to_gif(video, gif, every=4, max_frames=None):
     """Write every `every`-th frame of `video` (up to `max_frames` of them) to `gif`; return the number written."""
@@ -65,4 +67,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    exit_with(main)

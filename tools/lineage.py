@@ -24,7 +24,18 @@ import sys
 import tempfile
 from pathlib import Path
 
-from _common import ATARI_SCRIPTS, PARENTS, ROOT, VARIANTS, folder_error, reason, root_error, script_name, writing_into
+from _common import (
+    ATARI_SCRIPTS,
+    PARENTS,
+    ROOT,
+    VARIANTS,
+    exit_with,
+    folder_error,
+    reason,
+    root_error,
+    script_name,
+    writing_into,
+)
 
 # changed-line budget of each child against its parent
 BUDGETS = {
@@ -611,4 +622,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_with(main)
