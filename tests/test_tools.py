@@ -14,7 +14,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import run_python
+import torch
+from conftest import load_script, run_python
 
 ROOT = Path(__file__).resolve().parent.parent
 BASE_SCRIPTS = ["ppo.py", "ppo_shared.py"]  # the scripts the copies are made of (present from the start)
@@ -722,6 +723,7 @@ speed = load_module("benchmark/speed.py")
 atari_speed = load_module("benchmark/atari_speed.py")
 first_ratio = load_module("benchmark/first_ratio.py")
 kl_estimators = load_module("benchmark/kl_estimators.py")
+bf16_gradients = load_module("benchmark/bf16_gradients.py")
 shared_gradients = load_module("benchmark/shared_gradients.py")
 gif = load_module("tools/gif.py")
 
@@ -1001,6 +1003,67 @@ def test_first_ratio_refuses_in_one_line(tmp_path, monkeypatch, capsys, argv, me
 def test_kl_estimators_refuses_in_one_line(tmp_path, monkeypatch, capsys, argv, message):
     monkeypatch.chdir(tmp_path)
     assert message in refused(capsys, lambda: kl_estimators.main(argv))
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_bf16_gradients_compares_bf16_with_fp32_on_the_same_minibatch_and_with_the_next_one():
+    tiny = ["--", "--num-envs", "2", "--num-steps", "32", "--num-minibatches", "2", "--torch-threads", "1"]
+    res = tool("benchmark/bf16_gradients.py", "ppo_atari_envpool.py", *tiny, timeout=120)
+    assert res.returncode == 0, res.stderr
+    rows = [line.split("|")[2:-1] for line in res.stdout.splitlines() if line.startswith(("| 1 ", "| 2 "))]
+    (cos, err, cnn_cos, cnn_err, next_cos, next_diff, _, _, alike), _ = [[float(x) for x in r] for r in rows]
+    assert 0.99 < cos <= 1 and 0.99 < cnn_cos <= 1  # bf16 rounds the CNN: close to float32's gradient, not equal to it
+    assert 0 < err < 0.2 and 0 < cnn_err < 0.3
+    assert next_cos < 0.99 and next_diff > err  # another minibatch's gradient: farther away than bf16's rounding
+    assert -1 <= alike <= 1
+    (whole,) = [line for line in res.stdout.splitlines() if line.startswith("the whole batch")]
+    assert 0.99 < float(re.search(r"cosine ([0-9.]+)", whole).group(1)) <= 1
+    m = load_script("ppo_atari_envpool.py")
+    args = m.Args(num_envs=2, num_steps=32, num_minibatches=2)
+    envs = m.make_envs(args, "t")
+    try:
+        agent = m.Agent(envs, False)
+        batch = bf16_gradients.rollout(m, args, agent, envs)
+    finally:
+        envs.close()
+    inds = torch.arange(32)
+    g32, t32 = bf16_gradients.gradient(m, args, agent, batch, inds, bf16=False)
+    g16, _ = bf16_gradients.gradient(m, args, agent, batch, inds, bf16=True)
+    assert torch.equal(g32, bf16_gradients.gradient(m, args, agent, batch, inds, bf16=False)[0])  # the same pass: same bits
+    assert not torch.equal(g16, g32)
+    assert g32.numel() == sum(p.numel() for p in agent.parameters())
+    assert torch.equal(t32, g32[: sum(p.numel() for p in agent.network.parameters())])
+    agent.bf16 = False
+    _, newlogprob, entropy, newvalue = agent.get_action_and_value(batch[0][inds], batch[1][inds])
+    loss = m.ppo_loss(
+        newlogprob,
+        entropy,
+        newvalue,
+        newlogprob.detach(),
+        batch[2][inds],
+        batch[3][inds],
+        newvalue.detach().view(-1),
+        args,
+        args.clip_coef,
+    )[0]
+    agent.zero_grad()
+    loss.backward()  # the gradient the update's first minibatch would take
+    assert torch.allclose(g32, torch.cat([p.grad.reshape(-1) for p in agent.parameters()]))
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["ppo_atari_lstm.py"], "ppo_atari_lstm.py has no feed-forward CNN agent: give ppo_atari.py"),
+        (["ppo.py"], "ppo.py has no feed-forward CNN agent"),
+        (["nothing.py"], "no such script: nothing.py"),
+        (["ppo_atari.py", "--", "--num-envs", "0"], "--num-envs 0 is not allowed"),
+        (["ppo_atari.py", "--checkpoint", "none.pt"], "checkpoint 'none.pt' does not exist"),
+    ],
+)
+def test_bf16_gradients_refuses_in_one_line(tmp_path, monkeypatch, capsys, argv, message):
+    monkeypatch.chdir(tmp_path)
+    assert message in refused(capsys, lambda: bf16_gradients.main(argv))
     assert list(tmp_path.iterdir()) == []
 
 
