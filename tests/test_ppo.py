@@ -531,13 +531,6 @@ def test_evaluate_records_videos_and_plays_the_same_episodes_again(tmp_path):
     assert len(list((tmp_path / "wandb").glob("offline-run-*"))) == wandb_runs  # the run's --track is not replayed
 
 
-def test_capture_video_and_offline_tracking(tmp_path):
-    res = run_script("ppo.py", "--total-timesteps", 1024, "--capture-video", "--track", cwd=tmp_path)
-    assert res.returncode == 0, res.stderr
-    assert list((tmp_path / "videos").rglob("*.mp4"))
-    assert list((tmp_path / "wandb").glob("offline-run-*"))
-
-
 def test_shared_differs_from_ppo_by_under_40_lines():
     a = (ROOT / "ppo.py").read_text().splitlines()
     b = (ROOT / "ppo_shared.py").read_text().splitlines()

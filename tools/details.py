@@ -120,9 +120,9 @@ DETAILS = {
         "`--bf16` (a speed option, off by default) runs this trunk under bfloat16 autocast, forward and backward; its "
         "output, the heads, log-softmax, the ratio, the loss, GAE and the value targets, the weights and Adam's state "
         "stay float32. Only rounding changes: on Breakout the first minibatch's |ratio − 1| is at most 1.5e-5 "
-        "(float32: 4.8e-7; `python benchmark/first_ratio.py ppo_atari_envpool.py --bf16`); yet over 1M Breakout steps "
-        "it ended about 5 points lower (16.07 ± 1.90 over 3 seeds against float32's 21.05 ± 0.92 over 2, p 0.055; "
-        "benchmark/RESULTS.md).",
+        "(float32: 4.8e-7; `python benchmark/first_ratio.py ppo_atari_envpool.py --bf16`), its gradient within 3–6% of "
+        "float32's (`benchmark/bf16_gradients.py`). Over 1M Breakout steps it ended 3.5 points lower, within seed noise "
+        "(16.07 ± 1.90 against float32's 19.61 ± 2.17, 3 seeds each, p 0.16; benchmark/RESULTS.md).",
     ),
     "atari-9": ("scale pixels to [0, 1]", "The network divides the uint8 observations by 255."),
     "continuous-1": (
