@@ -89,6 +89,8 @@ def main(argv=None):
     script = find_script(opts.script)
     error = script_error(script, needs=NEEDS)
     checked, error = (None, error) if error else checked_args(script, ["--seed", str(opts.seed), *extra])
+    if not error and checked.num_minibatches < 2:
+        error = f"--num-minibatches {checked.num_minibatches}: two minibatches at least, to set one beside the next"
     if not error and checked.cuda and torch.cuda.is_available():
         error = "this measure runs on the CPU: drop --cuda"
     if error:

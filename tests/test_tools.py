@@ -1059,6 +1059,7 @@ def test_bf16_gradients_compares_bf16_with_fp32_on_the_same_minibatch_and_with_t
         (["nothing.py"], "no such script: nothing.py"),
         (["ppo_atari.py", "--", "--num-envs", "0"], "--num-envs 0 is not allowed"),
         (["ppo_atari.py", "--checkpoint", "none.pt"], "checkpoint 'none.pt' does not exist"),
+        (["ppo_atari.py", "--", "--num-minibatches", "1"], "--num-minibatches 1: two minibatches at least"),
     ],
 )
 def test_bf16_gradients_refuses_in_one_line(tmp_path, monkeypatch, capsys, argv, message):
