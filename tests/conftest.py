@@ -6,7 +6,8 @@ is a fresh run in every respect the scripts can see: its own argv, sys.path[0], 
 streams (the import's own warnings included) and exit code, and it ends through the interpreter's normal exit (atexit,
 threads, flush). The server is keyed by the environment, apart from variables its imports do not read (WANDB_*,
 PYTEST_CURRENT_TEST), so an OMP_NUM_THREADS or MUJOCO_GL given to a run reaches the imports as it would. What differs:
-all forked runs share one hash seed. PPO_TESTS_FORK=0 runs every script as a plain subprocess instead.
+all forked runs share one hash seed. PPO_TESTS_FORK=0 runs every script as a plain subprocess instead. Under
+pytest-xdist (`-n 2`, README's command) each worker process has servers of its own.
 """
 
 import importlib.util

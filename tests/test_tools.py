@@ -653,6 +653,17 @@ def test_relative_links_of_the_docs_point_at_files(doc):
     assert not missing, missing
 
 
+def test_ci_runs_the_test_command_of_readme_and_installs_what_it_needs():
+    """.ci/run's last line is README's test command, and each of that command's plugins is pinned in requirements.txt."""
+    setup = re.search(r"## Set up and test\n\n```bash\n(.*?)\n```", (ROOT / "README.md").read_text(encoding="utf-8"), re.S)
+    install, command = setup.group(1).split(" && ")
+    assert install == "pip install -r requirements.txt"
+    ci = [line for line in (ROOT / ".ci/run").read_text().splitlines() if line and not line.startswith("#")]
+    assert ci[-1] == command
+    pins = (ROOT / "requirements.txt").read_text()
+    assert "-n " not in command or re.search(r"^pytest-xdist==", pins, re.M)  # -n is pytest-xdist's
+
+
 # benchmark/shared_gradients.py: the split of ppo_shared.py's trunk gradient into its policy and value parts
 
 
