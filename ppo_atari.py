@@ -286,7 +286,7 @@ class Agent(nn.Module):
 
     def trunk(self, x):
         # detail atari-9: scale pixels to [0, 1] inside the network (observations stay uint8)
-        x = x.to(torch.bfloat16) if self.bf16 else x  # speed: --bf16 scales in bfloat16 (the bits autocast gave x / 255.0)
+        x = x.to(torch.bfloat16) if self.bf16 else x  # speed: --bf16 scales in bfloat16: the same bits, half the bytes
         with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=self.bf16):  # speed: --bf16 (float32 output)
             return self.network(x / 255.0).float()
 

@@ -124,7 +124,11 @@ DETAILS = {
         "float32's (`benchmark/bf16_gradients.py`). Over 1M Breakout steps it ended 3.5 points lower, within seed noise "
         "(16.07 ± 1.90 against float32's 19.61 ± 2.17, 3 seeds each, p 0.16; benchmark/RESULTS.md).",
     ),
-    "atari-9": ("scale pixels to [0, 1]", "The network divides the uint8 observations by 255."),
+    "atari-9": (
+        "scale pixels to [0, 1]",
+        "The network divides the uint8 observations by 255. Under `--bf16` it converts them to bfloat16 first (exact for "
+        "0–255) and divides there: the same bits as autocast's cast of the float32 quotient, at half the bytes.",
+    ),
     "continuous-1": (
         "actions from a Normal distribution",
         "Actions are sampled from a Gaussian whose mean the policy network outputs.",
