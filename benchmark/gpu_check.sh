@@ -10,7 +10,7 @@
 #   LIMIT_SECONDS=480 PONG_TARGET=20 bash benchmark/gpu_check.sh
 #   PONG_FLAGS="--max-episode-frames 400" ...   # flags added to the Pong run's (the tests' short games on the CPU)
 #
-# Logs and runs go to a temporary folder (kept, its path printed). MicroRTS is checked only where gym-microrts and
+# Logs and runs go to a temporary folder under $TMPDIR or /tmp (kept, its path printed). MicroRTS is checked only where gym-microrts and
 # Java are installed (bash tools/install_microrts.sh).
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
@@ -24,7 +24,7 @@ if [ "$EXPECT" = cuda ] && ! python -c "import sys, torch; sys.exit(0 if torch.c
   echo "gpu_check: no CUDA GPU visible to torch (torch.cuda.is_available() is False): nothing checked"
   exit 0
 fi
-OUT=$(mktemp -d /tmp/gpu_check.XXXXXX)
+OUT=$(mktemp -d "${TMPDIR:-/tmp}/gpu_check.XXXXXX")
 echo "gpu_check: $(python -c 'import torch; print(torch.cuda.get_device_name(0) if torch.cuda.is_available() else "CPU", "| torch", torch.__version__, "| CUDA", torch.version.cuda)'); logs in $OUT"
 SECONDS=0
 

@@ -5,6 +5,7 @@ import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import torch
 from conftest import ROOT, load_script, run_dirs, run_script
@@ -16,7 +17,9 @@ TINY = ["--num-envs", 4, "--num-steps", 32, "--num-minibatches", 2, "--total-tim
 
 def torchrun(nproc, *args, cwd, timeout=300):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc), str(SCRIPT)]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    tmp = Path(cwd) / "tmp"  # torchrun's launcher leaves a torchelastic_* folder in $TMPDIR: keep it in the test's folder
+    tmp.mkdir(exist_ok=True)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "TMPDIR": str(tmp)}
     return subprocess.run([*cmd, *map(str, args)], cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env)
 
 

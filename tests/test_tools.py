@@ -501,6 +501,29 @@ def test_report_made_again_from_its_episodes_file_is_the_same(runs_dir, tmp_path
     assert (second / "CartPole-v1.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+COMMITTED_REPORTS = sorted(
+    p.parent.relative_to(ROOT).as_posix()
+    for p in (ROOT / "docs/results").rglob("episodes.csv.gz")
+    if "ablations" not in p.parts  # benchmark/ablate.py's reports: test_ablation.py makes them again
+)
+
+
+@pytest.mark.parametrize("folder", COMMITTED_REPORTS)
+def test_committed_report_comes_back_from_its_episodes_file(folder, tmp_path):
+    """The figures committed under docs/results/ are the report of the games committed beside them: no hand edits."""
+    committed = (ROOT / folder / "README.md").read_text(encoding="utf-8")
+    args = []
+    window = re.search(r"^\| env \| script \| seed \| 0–(\d+)([kM]) \|", committed, re.M)
+    if window:  # the committed report has a table per window of steps: make it again with the same --per
+        args = ["--per", int(window.group(1)) * {"k": 1000, "M": 1_000_000}[window.group(2)]]
+    res = tool("benchmark/report.py", ROOT / folder / "episodes.csv.gz", "--out", tmp_path / "again", *args)
+    assert res.returncode == 0, res.stderr
+    assert (tmp_path / "again/summary.csv").read_text() == (ROOT / folder / "summary.csv").read_text()
+    again = (tmp_path / "again/README.md").read_text()
+    tables = [[x for x in t.splitlines() if x.startswith("|")] for t in (committed, again)]
+    assert tables[0] == tables[1] and tables[0]
+
+
 def test_report_table_of_mean_return_per_window_of_steps(runs_dir, tmp_path):
     out = tmp_path / "report"
     assert tool("benchmark/report.py", runs_dir, "--out", out, "--per", 10000).returncode == 0
@@ -617,30 +640,31 @@ def test_speed_bad_input_one_clear_line(args, message):
 # ------------------------------------------------------------------------------------------------ GPU check
 
 
-def gpu_check(env, timeout=600):
-    full_env = {**os.environ, "OMP_NUM_THREADS": "1", **env}
+def gpu_check(env, tmp_path, timeout=600):
+    full_env = {**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": str(tmp_path), **env}  # its kept logs: in tmp_path
     cmd = ["bash", str(ROOT / "benchmark" / "gpu_check.sh")]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full_env, cwd=ROOT)
 
 
-def test_gpu_check_without_a_gpu_says_so_in_one_line():
-    res = gpu_check({})
+def test_gpu_check_without_a_gpu_says_so_in_one_line(tmp_path):
+    res = gpu_check({}, tmp_path)
     assert res.returncode == 0 and res.stdout.strip().splitlines() == [
         "gpu_check: no CUDA GPU visible to torch (torch.cuda.is_available() is False): nothing checked"
     ], res.stdout + res.stderr
 
 
-def test_gpu_check_pong_monitor_and_torchrun_on_cpu():
+def test_gpu_check_pong_monitor_and_torchrun_on_cpu(tmp_path):
     """The same checks on the CPU (GPU_CHECK_EXPECT=cpu): torchrun makes its process group, and the Pong monitor stops
     the run once the mean of the last 20 games reaches the target (-21 here: any 20 games, cut at 100 steps each), from
     the run's events."""
     short = {"PONG_TARGET": "-21", "PONG_FLAGS": "--max-episode-frames 400"}
-    res = gpu_check({"GPU_CHECK_EXPECT": "cpu", "GPU_CHECK_PARTS": "torchrun pong", **short})
+    res = gpu_check({"GPU_CHECK_EXPECT": "cpu", "GPU_CHECK_PARTS": "torchrun pong", **short}, tmp_path)
     assert res.returncode == 0, res.stdout + res.stderr
+    assert f"logs in {tmp_path}/gpu_check." in res.stdout  # $TMPDIR is honoured: nothing left behind in /tmp
     assert "ok   torchrun_nccl" in res.stdout
     (line,) = [x for x in res.stdout.splitlines() if x.startswith("ok   pong:")]
     assert "the mean of the last 20 games reached" in line and "game 20)" in line
-    res = gpu_check({"GPU_CHECK_EXPECT": "cpu", "GPU_CHECK_PARTS": "pong", "LIMIT_SECONDS": "20"})
+    res = gpu_check({"GPU_CHECK_EXPECT": "cpu", "GPU_CHECK_PARTS": "pong", "LIMIT_SECONDS": "20"}, tmp_path)
     assert res.returncode == 1 and "FAIL pong: only" in res.stdout
 
 
