@@ -524,6 +524,29 @@ def test_committed_report_comes_back_from_its_episodes_file(folder, tmp_path):
     assert tables[0] == tables[1] and tables[0]
 
 
+INFLIGHT = ROOT / "benchmark/inflight"
+INFLIGHT_RUNS = sorted(p.name for p in (INFLIGHT / "runs").glob("*") if p.is_dir())
+
+
+def test_runs_in_progress_are_listed_and_resumable():
+    """benchmark/inflight/ carries a long run from session to session (runs/ is not in git): its README lists exactly
+    the run folders there, and each holds an unfinished checkpoint of that run, which its script can resume, and its
+    event files. A finished run is reported under docs/results/ and removed from there."""
+    listed = re.findall(r"^\| `([^`]+)` \|", (INFLIGHT / "README.md").read_text(encoding="utf-8"), re.M)
+    assert sorted(listed) == INFLIGHT_RUNS
+    for name in INFLIGHT_RUNS:
+        folder = INFLIGHT / "runs" / name
+        env_id, exp, seed, _ = report.parse_run_name(name)
+        checkpoint = torch.load(folder / "checkpoint.pt", map_location="cpu", weights_only=True)
+        run_args = checkpoint["args"]
+        assert checkpoint["run_name"] == name and checkpoint["script"] == f"{exp}.py"
+        assert (ROOT / checkpoint["script"]).is_file() and (run_args["env_id"], run_args["seed"]) == (env_id, seed)
+        iterations = run_args["total_timesteps"] // (run_args["num_envs"] * run_args["num_steps"])
+        assert 0 < checkpoint["iteration"] < iterations, f"{name}: finished; report it and remove its folder"
+        assert checkpoint["global_step"] == checkpoint["iteration"] * run_args["num_envs"] * run_args["num_steps"]
+        assert list(folder.glob("events.out.tfevents.*")), f"{name}: its event files are missing"
+
+
 def test_report_table_of_mean_return_per_window_of_steps(runs_dir, tmp_path):
     out = tmp_path / "report"
     assert tool("benchmark/report.py", runs_dir, "--out", out, "--per", 10000).returncode == 0
