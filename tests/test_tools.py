@@ -530,8 +530,8 @@ INFLIGHT_RUNS = sorted(p.name for p in (INFLIGHT / "runs").glob("*") if p.is_dir
 
 def test_runs_in_progress_are_listed_and_resumable():
     """benchmark/inflight/ carries a long run from session to session (runs/ is not in git): its README lists exactly
-    the run folders there, and each holds an unfinished checkpoint of that run, which its script can resume, and its
-    event files. A finished run is reported under docs/results/ and removed from there."""
+    the run folders there, and each holds its event files and an unfinished checkpoint of that run, loadable as --resume
+    loads it (weights_only). A finished run is reported under docs/results/ and removed from there."""
     listed = re.findall(r"^\| `([^`]+)` \|", (INFLIGHT / "README.md").read_text(encoding="utf-8"), re.M)
     assert sorted(listed) == INFLIGHT_RUNS
     for name in INFLIGHT_RUNS:
