@@ -18,7 +18,6 @@ going (each stops after a checkpoint, its logs kept); the tool then exits with 1
 """
 
 import argparse
-import ast
 import csv
 import hashlib
 import math
@@ -52,25 +51,10 @@ from _common import (  # noqa: E402  (tools/_common.py)
     script_error,
     writing_into,
 )
+from report import script_defaults  # noqa: E402  (the literal defaults of a script's Args)
 
 DEFAULT = "default"
 BOOTSTRAP_SAMPLES = 10_000
-
-
-def script_defaults(path):
-    """{field: default} of the literal defaults in the script's `class Args` (read with ast; nothing is imported)."""
-    tree = ast.parse(Path(path).read_text(encoding="utf-8"))
-    for node in tree.body:
-        if isinstance(node, ast.ClassDef) and node.name == "Args":
-            defaults = {}
-            for item in node.body:
-                if isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name) and item.value is not None:
-                    try:
-                        defaults[item.target.id] = ast.literal_eval(item.value)
-                    except ValueError:  # not a literal (exp_name): no ablation needs it
-                        pass
-            return defaults
-    raise ValueError(f"{path} has no `class Args`")
 
 
 def applicable(defaults, source):

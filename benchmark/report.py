@@ -5,13 +5,17 @@
     python benchmark/report.py docs/results/episodes.csv.gz more_runs/ --out docs/results/ --per 100000  # add runs
 
 Reads every run directory under the given folder(s) (names `{env_id}__{exp_name}__{seed}__{timestamp}`; an env id
-with a namespace such as ALE/Pong-v5 makes a nested folder), groups the runs by env and script (exp_name), and
-writes into --out: one PNG per env (mean ± std over seeds of the episodic return against steps and against wall
-time), README.md with a table of the mean ± std over seeds of each seed's last-100-episode mean return next to the
-published numbers (benchmark/reference.csv) and their ratio, and summary.csv. Needs nothing but the event files.
+with a namespace such as ALE/Pong-v5 makes a nested folder), groups the runs by env, script (exp_name) and the
+settings they changed from the script's defaults (from the `hyperparameters` text each run logs; shown as the
+script's flags, e.g. `ppo_atari_envpool.py --channels-last --bf16`: one script's runs with other settings are other
+rows, never averaged together), and writes into --out: one PNG per env (mean ± std over seeds of the episodic return
+against steps and against wall time), README.md with a table of the mean ± std over seeds of each seed's
+last-100-episode mean return next to the published numbers (benchmark/reference.csv) and their ratio, and
+summary.csv. Needs nothing but the event files.
 """
 
 import argparse
+import ast
 import csv
 import gzip
 import math
@@ -33,6 +37,12 @@ RETURN_TAG = "charts/episodic_return"
 # scripts without a published table of their own, compared with the table of the script they reproduce
 REFERENCE_SCRIPT = {"ppo_atari_envpool.py": "ppo_atari.py", "ppo_atari_multigpu.py": "ppo_atari.py"}
 BASELINES = [("ppo2", "ppo2"), ("cleanrl", "CleanRL")]  # (baseline column of reference.csv, table heading)
+HYPERPARAMETERS_TAG = "hyperparameters/text_summary"  # the `|param|value|` table each script logs at its start
+# settings that name, place, watch or save a run but leave what it learns alone: never part of a run's flags
+# (total_timesteps: the steps column says it; batch_size etc.: computed from the others)
+NOT_FLAGS = {"exp_name", "seed", "env_id", "total_timesteps", "torch_deterministic", "cuda", "torch_threads", "track"}
+NOT_FLAGS |= {"wandb_project_name", "wandb_entity", "wandb_group", "wandb_tags", "capture_video", "save_model"}
+NOT_FLAGS |= {"save_every", "resume", "eval_checkpoint", "eval_episodes", "batch_size", "minibatch_size", "num_iterations"}
 
 
 @dataclass
@@ -46,6 +56,12 @@ class Run:
     start_time: float = 0.0
     last_step: int = 0
     last_time: float = 0.0
+    flags: str = ""  # the settings changed from the script's defaults, as flags ('' for none, or where not known)
+
+    @property
+    def label(self):
+        """The script and its changed settings: `ppo_atari_envpool.py --channels-last --bf16`."""
+        return f"{self.exp}.py" + (f" {self.flags}" if self.flags else "")
 
 
 def parse_run_name(rel):
@@ -74,14 +90,17 @@ EPISODE_COLUMNS = ["env", "exp", "seed", "timestamp", "start_time", "last_step",
 
 
 def write_episodes(runs, path):
-    """Every episode of the loaded `runs` as one gzipped CSV: the report can be made again from it (no event files)."""
+    """Every episode of the loaded `runs` as one gzipped CSV: the report can be made again from it (no event files).
+    A `flags` column follows where some run changed a setting (files of default runs stay as they were)."""
+    flagged = any(r.flags for r in runs)
     with gzip.open(path, "wt", newline="", encoding="utf-8") as f:
         w = csv.writer(f)
-        w.writerow(EPISODE_COLUMNS)
+        w.writerow(EPISODE_COLUMNS + ["flags"] * flagged)
         for r in runs:
             head = [r.env, r.exp, r.seed, r.timestamp, f"{r.start_time:.3f}", r.last_step, f"{r.last_time:.3f}"]
+            tail = [r.flags] * flagged
             for step, wall, value in r.returns or [(r.last_step, r.last_time, math.nan)]:  # a run without episodes too
-                w.writerow(head + [step, f"{wall:.3f}", repr(value)])
+                w.writerow(head + [step, f"{wall:.3f}", repr(value)] + tail)
 
 
 def read_episodes(path):
@@ -89,9 +108,9 @@ def read_episodes(path):
     runs = {}
     with gzip.open(path, "rt", newline="", encoding="utf-8") as f:
         for row in csv.DictReader(f):
-            key = (row["env"], row["exp"], int(row["seed"]), int(row["timestamp"]))
+            key = (row["env"], row["exp"], int(row["seed"]), int(row["timestamp"]), row.get("flags") or "")
             if key not in runs:
-                runs[key] = Run(*key, path=Path(f"{path}#{'__'.join(map(str, key))}"))
+                runs[key] = Run(*key[:4], path=Path(f"{path}#{'__'.join(map(str, key[:4]))}"), flags=key[4])
                 run = runs[key]
                 run.start_time, run.last_step = float(row["start_time"]), int(row["last_step"])
                 run.last_time = float(row["last_time"])
@@ -100,10 +119,69 @@ def read_episodes(path):
     return list(runs.values())
 
 
+def script_defaults(path):
+    """{field: default} of the literal defaults in the script's `class Args` (read with ast; nothing is imported)."""
+    tree = ast.parse(Path(path).read_text(encoding="utf-8"))
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef) and node.name == "Args":
+            defaults = {}
+            for item in node.body:
+                if isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name) and item.value is not None:
+                    try:
+                        defaults[item.target.id] = ast.literal_eval(item.value)
+                    except ValueError:  # not a literal (exp_name)
+                        pass
+            return defaults
+    raise ValueError(f"{path} has no `class Args`")
+
+
+def logged_settings(text):
+    """{param: value as logged} of a run's `|param|value|` hyperparameters table."""
+    settings = {}
+    for line in text.splitlines():
+        cells = line.split("|")
+        if len(cells) >= 4 and cells[0] == "" and cells[-1] == "" and cells[1] not in ("param", "-"):
+            settings[cells[1]] = "|".join(cells[2:-1])
+    return settings
+
+
+def changed_flags(settings, defaults):
+    """The settings that differ from the defaults, as the script's flags (tyro's: `--bf16`, `--no-anneal-lr`,
+    `--clip-coef 0.2`), in the script's order; those without a known literal default and NOT_FLAGS are left out."""
+    flags = []
+    for name, default in defaults.items():
+        if name in NOT_FLAGS or name not in settings or settings[name] == str(default):
+            continue
+        flag = name.replace("_", "-")
+        if isinstance(default, bool) and settings[name] in ("True", "False"):
+            flags.append(f"--{flag}" if settings[name] == "True" else f"--no-{flag}")
+        else:
+            flags.append(f"--{flag} {settings[name]}")
+    return " ".join(flags)
+
+
+_DEFAULTS = {}
+
+
+def defaults_of(exp):
+    """The defaults of the script the runs of `exp` ran (`{exp}.py` beside benchmark/), or {} where there is none
+    (another --exp-name, an ablation's config name): their changed settings are then not named."""
+    if exp not in _DEFAULTS:
+        script = HERE.parent / f"{exp}.py"
+        try:
+            _DEFAULTS[exp] = script_defaults(script) if script.is_file() else {}
+        except (ValueError, SyntaxError, OSError):
+            _DEFAULTS[exp] = {}
+    return _DEFAULTS[exp]
+
+
 def load(run):
-    """Fill the run's episodic returns, start time, last step and last time from its event files."""
-    acc = EventAccumulator(str(run.path), size_guidance={"scalars": 0})
+    """Fill the run's episodic returns, start time, last step, last time and changed settings from its event files."""
+    acc = EventAccumulator(str(run.path), size_guidance={"scalars": 0, "tensors": 0})
     acc.Reload()
+    if HYPERPARAMETERS_TAG in acc.Tags()["tensors"]:  # the first segment's (a resumed run logs it once)
+        text = acc.Tensors(HYPERPARAMETERS_TAG)[0].tensor_proto.string_val[0].decode("utf-8", "replace")
+        run.flags = changed_flags(logged_settings(text), defaults_of(run.exp))
     tags = acc.Tags()["scalars"]
     events = {tag: acc.Scalars(tag) for tag in tags}
     run.returns = [(e.step, e.wall_time, e.value) for e in events.get(RETURN_TAG, [])]
@@ -226,9 +304,10 @@ def _duration(seconds):
 
 
 def summarize(groups, reference, last=100):
-    """One dict per (env, script) group: seeds, steps, per-seed last-`last` means, their mean and std, references."""
+    """One dict per (env, script, flags) group: seeds, steps, per-seed last-`last` means, their mean and std,
+    references (those of the script: its flags change the run, not the published numbers it is set beside)."""
     rows = []
-    for (env, exp), runs in sorted(groups.items()):
+    for (env, exp, _), runs in sorted(groups.items()):
         per_seed = [last_mean(r, last) for r in runs]
         valid = [v for v in per_seed if not math.isnan(v)]
         script = exp + ".py"
@@ -236,6 +315,7 @@ def summarize(groups, reference, last=100):
             {
                 "env": env,
                 "script": script,
+                "label": runs[0].label,
                 "seeds": [r.seed for r in runs],
                 "steps": min(r.last_step for r in runs),
                 "episodes": min(len(r.returns) for r in runs),
@@ -270,7 +350,8 @@ def plot_env(env, groups, refs_by_script, out_path, window):
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.2), sharey=True)
     longest = max((r.last_time - r.start_time for runs in groups.values() for r in runs), default=0)
     unit, scale = ("hours", 3600.0) if longest > 2 * 3600 else ("minutes", 60.0) if longest > 120 else ("seconds", 1.0)
-    for k, (exp, runs) in enumerate(sorted(groups.items())):
+    drawn = set()  # the scripts whose published lines are drawn (once, beside several settings of one script)
+    for k, ((exp, flags), runs) in enumerate(sorted(groups.items())):
         color = f"C{k % 10}"
         for ax, x in zip(axes, ("step", "time")):
             c = curve(runs, x=x, window=window)
@@ -278,8 +359,11 @@ def plot_env(env, groups, refs_by_script, out_path, window):
                 continue
             grid, mean, std, count = c
             grid = grid if x == "step" else grid / scale
-            ax.plot(grid, mean, color=color, label=curve_label(exp, runs))
+            ax.plot(grid, mean, color=color, label=curve_label(f"{exp} {flags}".strip(), runs))
             ax.fill_between(grid, mean - std, mean + std, color=color, alpha=0.2, linewidth=0)
+        if exp in drawn:
+            continue
+        drawn.add(exp)
         for baseline, style in (("ppo2", "--"), ("cleanrl", ":")):
             row = refs_by_script.get(exp, {}).get(baseline)
             label = row and f"{baseline} {row['env']} @ {_steps(row['steps'])}"
@@ -308,7 +392,7 @@ def window_table(groups, per):
     for r in runs:
         means = window_means(r, per)
         cells = [_fmt(v) if not math.isnan(v) else "—" for v in means] + [""] * (width - len(means))
-        lines.append(f"| {r.env} | {r.exp}.py | {r.seed} | " + " | ".join(cells) + " |")
+        lines.append(f"| {r.env} | {r.label} | {r.seed} | " + " | ".join(cells) + " |")
     return lines
 
 
@@ -331,7 +415,7 @@ def write_readme(rows, out, images, notes, last, per_table=None):
         ours = f"{_fmt(row['mean'])} ± {_fmt(row['std'])}" if not math.isnan(row["mean"]) else "no episodes"
         cells = [
             row["env"],
-            row["script"],
+            row["label"],
             ", ".join(map(str, row["seeds"])),
             _steps(row["steps"]),
             _duration(row["wall"]),
@@ -358,7 +442,7 @@ def write_readme(rows, out, images, notes, last, per_table=None):
     if short:
         lines += [
             "Runs shorter than the published step count (the comparison is not like for like): "
-            + ", ".join(f"{r['env']} {r['script']} ({_steps(r['steps'])})" for r in short)
+            + ", ".join(f"{r['env']} {r['label']} ({_steps(r['steps'])})" for r in short)
             + ".",
             "",
         ]
@@ -382,7 +466,7 @@ def write_summary_csv(rows, out):
         w.writerow(["env", "script", "seeds", "steps", "mean", "std", "per_seed"])
         for r in rows:
             per_seed = " ".join(f"{v:.4f}" for v in r["per_seed"])
-            w.writerow([r["env"], r["script"], " ".join(map(str, r["seeds"])), r["steps"], r["mean"], r["std"], per_seed])
+            w.writerow([r["env"], r["label"], " ".join(map(str, r["seeds"])), r["steps"], r["mean"], r["std"], per_seed])
 
 
 def main(argv=None):
@@ -427,24 +511,27 @@ def main(argv=None):
             return 1
         runs += found
         notes += [f"skipped {p}: not named {{env_id}}__{{exp_name}}__{{seed}}__{{timestamp}}" for p in skipped]
-    latest = {}
-    for run in runs:  # one run per (env, script, seed): the latest
-        key = (run.env, run.exp, run.seed)
-        if key in latest:
-            older, newer = sorted([latest[key], run], key=lambda r: r.timestamp)
-            notes.append(f"{older.path}: an older run of the same env, script and seed; the later one is used")
-            latest[key] = newer
-        else:
-            latest[key] = run
-    groups = defaultdict(list)
-    for run in sorted(latest.values(), key=lambda r: (r.env, r.exp, r.seed)):
+    readable = []
+    for run in runs:  # loaded first: a run's changed settings (its flags) are in its event files
         try:
             if id(run) not in loaded:
                 load(run)
         except Exception as e:  # a corrupt or unreadable event file: skip the run, say so
             notes.append(f"skipped {run.path}: cannot read its event files ({type(e).__name__}: {e})")
             continue
-        groups[(run.env, run.exp)].append(run)
+        readable.append(run)
+    latest = {}
+    for run in readable:  # one run per (env, script, flags, seed): the latest
+        key = (run.env, run.exp, run.flags, run.seed)
+        if key in latest:
+            older, newer = sorted([latest[key], run], key=lambda r: r.timestamp)
+            notes.append(f"{older.path}: an older run of the same env, script, flags and seed; the later one is used")
+            latest[key] = newer
+        else:
+            latest[key] = run
+    groups = defaultdict(list)
+    for run in sorted(latest.values(), key=lambda r: (r.env, r.exp, r.flags, r.seed)):
+        groups[(run.env, run.exp, run.flags)].append(run)
     for note in notes:
         print(f"note: {note}", file=sys.stderr)
     if not groups:
@@ -458,12 +545,12 @@ def main(argv=None):
         return 2
     out = Path(args.out)
     rows = summarize(groups, reference, args.last)
-    images = [(env, f"{slug(env)}.png") for env in sorted({env for env, _ in groups})]
+    images = [(env, f"{slug(env)}.png") for env in sorted({env for env, _, _ in groups})]
     try:
         with writing_into(out) as tmp:  # all or nothing: a full disk leaves the report that was there
             for env, image in images:
-                by_exp = {exp: rs for (e, exp), rs in groups.items() if e == env}
-                refs = {exp: references_for(reference, env, exp + ".py") for exp in by_exp}
+                by_exp = {(exp, flags): rs for (e, exp, flags), rs in groups.items() if e == env}
+                refs = {exp: references_for(reference, env, exp + ".py") for exp, _ in by_exp}
                 plot_env(env, by_exp, refs, tmp / image, args.window)
             write_readme(rows, tmp, images, notes, args.last, window_table(groups, args.per) if args.per else None)
             write_summary_csv(rows, tmp)

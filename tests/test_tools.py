@@ -1,6 +1,7 @@
 """The researcher's tools: tools/details.py, tools/lineage.py, benchmark/suites.py, benchmark/report.py."""
 
 import csv
+import gzip
 import importlib.util
 import math
 import os
@@ -561,6 +562,56 @@ def test_report_table_of_mean_return_per_window_of_steps(runs_dir, tmp_path):
     (tmp_path / "bad.csv.gz").write_bytes(b"not gzip")
     res = tool("benchmark/report.py", tmp_path / "bad.csv.gz", "--out", out)
     assert res.returncode == 2 and "is not an episodes file" in res.stderr and "Traceback" not in res.stderr
+
+
+def write_flagged_run(runs, name, returns, last_step, **changed):
+    """A run of ppo_atari_envpool.py that logged its settings as the scripts do: the defaults, `changed` applied."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    settings = report.script_defaults(ROOT / "ppo_atari_envpool.py") | {"exp_name": "ppo_atari_envpool"} | changed
+    writer = SummaryWriter(str(runs / name))
+    writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in settings.items()))
+    for step, value in returns:
+        writer.add_scalar("charts/episodic_return", value, step)
+    writer.add_scalar("losses/value_loss", 1.0, last_step)
+    writer.close()
+
+
+def test_report_keeps_runs_of_one_script_with_other_settings_apart_and_names_the_flags(tmp_path):
+    """A float32 run and a --bf16 --channels-last run of the same script and seed are two rows, each named by the
+    flags it changed; neither is taken for an older run of the other, and the episodes file keeps the flags."""
+    runs, out = tmp_path / "runs", tmp_path / "report"
+    env = "BreakoutNoFrameskip-v4"
+    write_flagged_run(runs, f"{env}__ppo_atari_envpool__1__1000", [(100, 10.0)], 4096, seed=1, total_timesteps=4096)
+    write_flagged_run(runs, f"{env}__ppo_atari_envpool__1__2000", [(100, 30.0)], 4096, bf16=True, channels_last=True)
+    write_flagged_run(runs, f"{env}__ppo_atari_envpool__2__3000", [(100, 50.0)], 4096, bf16=True, channels_last=True)
+    write_flagged_run(runs, f"{env}__ppo_atari_envpool__1__4000", [(100, 70.0)], 4096, anneal_lr=False, clip_coef=0.2)
+    res = tool("benchmark/report.py", runs, "--out", out, "--per", 1000)
+    assert res.returncode == 0 and "older run" not in res.stderr, res.stderr
+    table = (out / "README.md").read_text().split("## Mean return per window")[0]  # the table of final returns
+    rows = {line.split("|")[2].strip(): line for line in table.splitlines() if f"| {env} |" in line}
+    assert set(rows) == {
+        "ppo_atari_envpool.py",  # total_timesteps and seed name the run, they are not flags
+        "ppo_atari_envpool.py --channels-last --bf16",  # the script's order of its fields
+        "ppo_atari_envpool.py --no-anneal-lr --clip-coef 0.2",  # tyro's flags
+    }
+    assert "| 1, 2 |" in rows["ppo_atari_envpool.py --channels-last --bf16"]
+    assert "40.00 ± 10.00" in rows["ppo_atari_envpool.py --channels-last --bf16"]  # its two seeds only
+    assert "10.00 ± 0.00" in rows["ppo_atari_envpool.py"] and "409.27" in rows["ppo_atari_envpool.py"]
+    with open(out / "summary.csv", newline="") as f:
+        assert sorted(r["script"] for r in csv.DictReader(f)) == sorted(rows)
+    again = tmp_path / "again"
+    assert tool("benchmark/report.py", out / "episodes.csv.gz", "--out", again, "--per", 1000).returncode == 0
+    assert (again / "summary.csv").read_text() == (out / "summary.csv").read_text()  # the flags kept in the file
+    assert report.changed_flags({"bf16": "True", "cuda": "False", "seed": "3"}, {"bf16": False, "cuda": True}) == "--bf16"
+    assert report.defaults_of("ppo_shared_vf0.01") == {}  # an --exp-name of no script: its runs are named by it alone
+
+
+def test_report_episodes_file_of_default_runs_has_no_flags_column(runs_dir, tmp_path):
+    """The episodes files committed before flags were recorded come back as they were (no column added)."""
+    assert tool("benchmark/report.py", runs_dir, "--out", tmp_path / "r").returncode == 0
+    with gzip.open(tmp_path / "r/episodes.csv.gz", "rt") as f:
+        assert f.readline().strip().split(",") == report.EPISODE_COLUMNS
 
 
 # Ctrl-C inside a tool: a real SIGINT, sent by the tool to itself at a chosen point (the patch survives runpy, which
