@@ -525,6 +525,79 @@ def test_committed_report_comes_back_from_its_episodes_file(folder, tmp_path):
     assert tables[0] == tables[1] and tables[0]
 
 
+def readme_results_rows(text):
+    """README's results table: (env, script and flags, steps, seeds, our figure) for each row."""
+    table = re.search(r"^\| env \| script \| steps \| seeds \| ours \|.*?\n\|[-|]+\|\n((?:\|.*\n)+)", text, re.M)
+    assert table, "README.md: no results table (| env | script | steps | seeds | ours | ...)"
+    rows = []
+    for line in table.group(1).splitlines():
+        env, script, steps, seeds, ours = [c.strip() for c in line.strip("|").split("|")][:5]
+        first, _, last = seeds.partition("–")
+        steps = float(steps[:-1]) * {"k": 1e3, "M": 1e6}[steps[-1]]
+        rows.append((env, script.strip("`"), steps, list(range(int(first), int(last or first) + 1)), ours))
+    return rows
+
+
+def committed_figure(env, script, steps, seeds):
+    """What the committed reports (docs/results/**/summary.csv) give for these runs: `mean ± std` over `seeds` (numpy's
+    std, ddof=0), or the mean alone for one seed, from each matching row's figures per seed; [] where none matches."""
+
+    def key(name):  # README may shorten an env id: 'MicroRTS ProduceCombatUnits' is a prefix of its key
+        return re.sub(r"[^a-z0-9]", "", name.lower())
+
+    found = []
+    for path in sorted((ROOT / "docs/results").rglob("summary.csv")):
+        with open(path, newline="") as f:
+            for row in csv.DictReader(f):
+                if "script" not in row or not key(row["env"]).startswith(key(env)):  # ablations: no script column
+                    continue
+                if sorted(row["script"].split()) != sorted(script.split()) or abs(int(row["steps"]) / steps - 1) > 0.02:
+                    continue
+                per_seed = dict(zip(map(int, row["seeds"].split()), map(float, row["per_seed"].split())))
+                if not set(seeds) <= per_seed.keys():
+                    continue
+                if sorted(seeds) == sorted(per_seed):  # all its seeds: the row's own figures, unrounded
+                    mean, std = float(row["mean"]), float(row["std"])
+                else:
+                    mean, std = float(np.mean([per_seed[s] for s in seeds])), float(np.std([per_seed[s] for s in seeds]))
+                found.append(f"{mean:.2f}" if len(seeds) == 1 else f"{mean:.2f} ± {std:.2f}")
+    return found
+
+
+def readme_results_errors(text):
+    """A line for each figure of ours in README's results table that no committed report gives."""
+    errors = []
+    for env, script, steps, seeds, ours in readme_results_rows(text):
+        found = committed_figure(env, script, steps, seeds)
+        if ours not in found:
+            said = f"the committed report gives {' or '.join(found)}" if found else "no committed report has these runs"
+            errors.append(f"{env} | {script} | seeds {seeds[0]}–{seeds[-1]}: {ours}, but {said}")
+    return errors
+
+
+def test_readme_results_are_the_figures_of_the_committed_reports():
+    """Each figure of ours in README's results table is that of a committed report under docs/results/ (the same env,
+    script and flags, steps and seeds): a figure cannot be typed in, or outlive the report it came from."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert len(readme_results_rows(text)) >= 10
+    assert readme_results_errors(text) == []
+
+
+def test_readme_results_check_fails_on_a_figure_that_is_not_reported():
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    row = "| Hopper-v4 | `ppo_continuous_action.py` | 1M | 1–3 | 2060.22 ± 153.99 |"
+    assert text.count(row) == 1
+    for changed, said in [
+        ("| 1M | 1–3 | 2060.23 ± 153.99 |", "2060.23 ± 153.99, but the committed report gives 2060.22 ± 153.99"),
+        ("| 1M | 1–2 | 2060.22 ± 153.99 |", "seeds 1–2: 2060.22 ± 153.99, but the committed report gives 2044.40 ± 186.60"),
+        ("| 2M | 1–3 | 2060.22 ± 153.99 |", "no committed report has these runs"),
+    ]:
+        errors = readme_results_errors(text.replace(row, row.replace("| 1M | 1–3 | 2060.22 ± 153.99 |", changed)))
+        assert len(errors) == 1 and errors[0].startswith("Hopper-v4 |") and said in errors[0], errors
+    flagged = row.replace("`ppo_continuous_action.py`", "`ppo_continuous_action.py --no-norm-obs`")
+    assert "no committed report" in readme_results_errors(text.replace(row, flagged))[0]
+
+
 INFLIGHT = ROOT / "benchmark/inflight"
 INFLIGHT_RUNS = sorted(p.name for p in (INFLIGHT / "runs").glob("*") if p.is_dir())
 
