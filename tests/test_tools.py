@@ -605,8 +605,10 @@ INFLIGHT_RUNS = sorted(p.name for p in (INFLIGHT / "runs").glob("*") if p.is_dir
 def test_runs_in_progress_are_listed_and_resumable():
     """benchmark/inflight/ carries a long run from session to session (runs/ is not in git): its README lists exactly
     the run folders there, and each holds its event files and an unfinished checkpoint of that run, loadable as --resume
-    loads it (weights_only). A finished run is reported under docs/results/ and removed from there."""
-    listed = re.findall(r"^\| `([^`]+)` \|", (INFLIGHT / "README.md").read_text(encoding="utf-8"), re.M)
+    loads it (weights_only), at the steps and iteration its row says (unless a run going on here has moved it since the
+    last commit). A finished run is reported under docs/results/ and removed from there."""
+    text = (INFLIGHT / "README.md").read_text(encoding="utf-8")
+    listed = re.findall(r"^\| `([^`]+)` \|", text, re.M)
     assert sorted(listed) == INFLIGHT_RUNS
     for name in INFLIGHT_RUNS:
         folder = INFLIGHT / "runs" / name
@@ -619,6 +621,18 @@ def test_runs_in_progress_are_listed_and_resumable():
         assert 0 < checkpoint["iteration"] < iterations, f"{name}: finished; report it and remove its folder"
         assert checkpoint["global_step"] == checkpoint["iteration"] * run_args["num_envs"] * run_args["num_steps"]
         assert list(folder.glob("events.out.tfevents.*")), f"{name}: its event files are missing"
+        row = re.search(rf"^\| `{name}` \| `python ([^`]+)` \| ([\d,]+) \(iteration (\d+) of (\d+)\)", text, re.M)
+        assert row, f"{name}: its row says `python COMMAND` and 'STEPS (iteration N of M)'"
+        command = row.group(1).split()
+        assert command[0] == checkpoint["script"], f"{name}: its row's command runs {command[0]}"
+        for flag in ("env_id", "seed", "total_timesteps"):
+            given = command[command.index(f"--{flag.replace('_', '-')}") + 1]
+            assert given == str(run_args[flag]), f"{name}: its row's command says --{flag} {given}"
+        assert int(row.group(4)) == iterations
+        moved = subprocess.run(["git", "diff", "--quiet", "--", folder / "checkpoint.pt"], cwd=ROOT).returncode == 1
+        if not moved:  # the committed checkpoint: its row must say where it stopped
+            said = (int(row.group(2).replace(",", "")), int(row.group(3)))
+            assert said == (checkpoint["global_step"], checkpoint["iteration"]), f"{name}: update its row's steps"
 
 
 def test_report_table_of_mean_return_per_window_of_steps(runs_dir, tmp_path):
