@@ -621,13 +621,15 @@ def test_runs_in_progress_are_listed_and_resumable():
         assert 0 < checkpoint["iteration"] < iterations, f"{name}: finished; report it and remove its folder"
         assert checkpoint["global_step"] == checkpoint["iteration"] * run_args["num_envs"] * run_args["num_steps"]
         assert list(folder.glob("events.out.tfevents.*")), f"{name}: its event files are missing"
-        row = re.search(rf"^\| `{name}` \| `python ([^`]+)` \| ([\d,]+) \(iteration (\d+) of (\d+)\)", text, re.M)
+        row = re.search(rf"^\| `{re.escape(name)}` \| `python ([^`]+)` \| ([\d,]+) \(iteration (\d+) of (\d+)\)", text, re.M)
         assert row, f"{name}: its row says `python COMMAND` and 'STEPS (iteration N of M)'"
         command = row.group(1).split()
         assert command[0] == checkpoint["script"], f"{name}: its row's command runs {command[0]}"
         for flag in ("env_id", "seed", "total_timesteps"):
-            given = command[command.index(f"--{flag.replace('_', '-')}") + 1]
-            assert given == str(run_args[flag]), f"{name}: its row's command says --{flag} {given}"
+            option = f"--{flag.replace('_', '-')}"
+            assert option in command[:-1], f"{name}: its row's command does not say {option}"
+            given = command[command.index(option) + 1]
+            assert given == str(run_args[flag]), f"{name}: its row's command says {option} {given}"
         assert int(row.group(4)) == iterations
         moved = subprocess.run(["git", "diff", "--quiet", "--", folder / "checkpoint.pt"], cwd=ROOT).returncode == 1
         if not moved:  # the committed checkpoint: its row must say where it stopped
