@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # GPU check, for a machine with one CUDA GPU; under 8 minutes in all:
-#   1. every variant for two iterations with --cuda: each must exit 0 and say it trained "on cuda" (a tensor on the
-#      wrong device makes torch raise, and the check fails with the script's last lines);
+#   1. every variant for two iterations with --cuda, and each Atari script for one iteration with --bf16: each must exit 0
+#      and say it trained "on cuda" (a tensor on the wrong device makes torch raise, and the check fails with the
+#      script's last lines);
 #   2. ppo_atari_multigpu.py under `torchrun --nproc_per_node 1`: the process group is nccl's, on the GPU;
 #   3. Pong on ppo_atari_envpool.py at the blog's "Pong in 5 minutes" settings, until the mean return of the last 20
 #      games first reaches 20 (or the time left): prints the wall time and step at which it did.
@@ -9,6 +10,7 @@
 #   bash benchmark/gpu_check.sh                  # without a CUDA GPU: one line saying so, exit 0
 #   LIMIT_SECONDS=480 PONG_TARGET=20 bash benchmark/gpu_check.sh
 #   PONG_FLAGS="--max-episode-frames 400" ...   # flags added to the Pong run's (the tests' short games on the CPU)
+#   CHECK_SECONDS=180 ...                        # each variant's run is stopped, and fails, after this long
 #
 # Logs and runs go to a temporary folder under $TMPDIR or /tmp (kept, its path printed). MicroRTS is checked only where gym-microrts and
 # Java are installed (bash tools/install_microrts.sh).
@@ -17,22 +19,29 @@ ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 LIMIT_SECONDS=${LIMIT_SECONDS:-480}
 PONG_TARGET=${PONG_TARGET:-20}
 PONG_FLAGS=${PONG_FLAGS:-}
+CHECK_SECONDS=${CHECK_SECONDS:-180} # each variant's run, at most
 
 EXPECT=${GPU_CHECK_EXPECT:-cuda} # cpu: the same checks on a machine without a GPU (tests run it so)
 PARTS=${GPU_CHECK_PARTS:-"variants torchrun pong"}
-if [ "$EXPECT" = cuda ] && ! python -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
+if [ "$EXPECT" = cuda ] && ! timeout -k 10 120 python -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
   echo "gpu_check: no CUDA GPU visible to torch (torch.cuda.is_available() is False): nothing checked"
   exit 0
 fi
 OUT=$(mktemp -d "${TMPDIR:-/tmp}/gpu_check.XXXXXX")
-echo "gpu_check: $(python -c 'import torch; print(torch.cuda.get_device_name(0) if torch.cuda.is_available() else "CPU", "| torch", torch.__version__, "| CUDA", torch.version.cuda)'); logs in $OUT"
+echo "gpu_check: $(timeout -k 10 120 python -c 'import torch; print(torch.cuda.get_device_name(0) if torch.cuda.is_available() else "CPU", "| torch", torch.__version__, "| CUDA", torch.version.cuda)'); logs in $OUT"
 SECONDS=0
 
-check() { # check NAME COMMAND...: run in $OUT, must exit 0 and report training on cuda
-  local name=$1 t0=$SECONDS
+check() { # check NAME COMMAND...: run in $OUT, must exit 0 within CHECK_SECONDS and report training on cuda
+  local name=$1 t0=$SECONDS rc=0
   shift
-  if ! (cd "$OUT" && "$@") >"$OUT/$name.log" 2>&1; then
-    echo "FAIL $name: exit status not 0; last lines of $OUT/$name.log:"
+  (cd "$OUT" && timeout -k 10 "$CHECK_SECONDS" "$@") >"$OUT/$name.log" 2>&1 || rc=$?
+  if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then # a hang (a first CUDA call, a stuck process group) fails, not stalls
+    echo "FAIL $name: still running after $CHECK_SECONDS s, stopped; last lines of $OUT/$name.log:"
+    tail -n 15 "$OUT/$name.log"
+    exit 1
+  fi
+  if [ "$rc" -ne 0 ]; then
+    echo "FAIL $name: exit status $rc; last lines of $OUT/$name.log:"
     tail -n 15 "$OUT/$name.log"
     exit 1
   fi
@@ -52,8 +61,11 @@ part variants && check ppo_continuous_action python "$ROOT/ppo_continuous_action
 part variants && check ppo_atari python "$ROOT/ppo_atari.py" --cuda --total-timesteps 2048
 part variants && check ppo_atari_bf16 python "$ROOT/ppo_atari.py" --cuda --bf16 --total-timesteps 1024  # one iteration
 part variants && check ppo_atari_envpool python "$ROOT/ppo_atari_envpool.py" --cuda --total-timesteps 2048
+part variants && check ppo_atari_envpool_bf16 python "$ROOT/ppo_atari_envpool.py" --cuda --bf16 --channels-last --total-timesteps 1024
 part variants && check ppo_atari_lstm python "$ROOT/ppo_atari_lstm.py" --cuda --total-timesteps 2048
+part variants && check ppo_atari_lstm_bf16 python "$ROOT/ppo_atari_lstm.py" --cuda --bf16 --total-timesteps 1024
 part variants && check ppo_atari_multigpu python "$ROOT/ppo_atari_multigpu.py" --cuda --total-timesteps 2048
+part variants && check ppo_atari_multigpu_bf16 python "$ROOT/ppo_atari_multigpu.py" --cuda --bf16 --total-timesteps 1024
 if ! part variants; then
   :
 elif python -c "import gym_microrts" 2>/dev/null && { command -v java >/dev/null || [ -n "${JAVA_HOME:-}" ]; }; then

@@ -831,6 +831,16 @@ def test_gpu_check_pong_monitor_and_torchrun_on_cpu(tmp_path):
     assert res.returncode == 1 and "FAIL pong: only" in res.stdout
 
 
+def test_gpu_check_stops_a_check_that_outlasts_its_time_and_fails(tmp_path):
+    """A hung check (a first CUDA call, a stuck process group) is stopped after CHECK_SECONDS and fails: it never stalls
+    the check, and the time already spent on a lent GPU is not lost to it."""
+    env = {"GPU_CHECK_EXPECT": "cpu", "GPU_CHECK_PARTS": "torchrun", "CHECK_SECONDS": "1"}
+    t0 = time.time()
+    res = gpu_check(env, tmp_path, timeout=120)
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert "FAIL torchrun_nccl: still running after 1 s, stopped" in res.stdout and time.time() - t0 < 60
+
+
 @pytest.mark.parametrize("doc", ["README.md", "benchmark/RESULTS.md", "docs/results/README.md"])
 def test_relative_links_of_the_docs_point_at_files(doc):
     text = (ROOT / doc).read_text(encoding="utf-8")
