@@ -10,7 +10,9 @@
 #   bash benchmark/gpu_check.sh                  # without a CUDA GPU: one line saying so, exit 0
 #   LIMIT_SECONDS=480 PONG_TARGET=20 bash benchmark/gpu_check.sh
 #   PONG_FLAGS="--max-episode-frames 400" ...   # flags added to the Pong run's (the tests' short games on the CPU)
-#   CHECK_SECONDS=180 ...                        # each variant's run is stopped, and fails, after this long
+#   PROBE_SECONDS=120 ...                        # the first import of torch and CUDA probe, at most
+#   CHECK_SECONDS=180 ...                        # each variant's run is stopped, and fails, after this long, with
+#                                                # the Python stack of each of its processes at that moment
 #
 # Logs and runs go to a temporary folder under $TMPDIR or /tmp (kept, its path printed). MicroRTS is checked only where gym-microrts and
 # Java are installed (bash tools/install_microrts.sh).
@@ -20,26 +22,73 @@ LIMIT_SECONDS=${LIMIT_SECONDS:-480}
 PONG_TARGET=${PONG_TARGET:-20}
 PONG_FLAGS=${PONG_FLAGS:-}
 CHECK_SECONDS=${CHECK_SECONDS:-180} # each variant's run, at most
+PROBE_SECONDS=${PROBE_SECONDS:-120} # the first python -c "import torch" and CUDA probe, at most
 
 EXPECT=${GPU_CHECK_EXPECT:-cuda} # cpu: the same checks on a machine without a GPU (tests run it so)
 PARTS=${GPU_CHECK_PARTS:-"variants torchrun pong"}
-if [ "$EXPECT" = cuda ] && ! timeout -k 10 120 python -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
-  echo "gpu_check: no CUDA GPU visible to torch (torch.cuda.is_available() is False): nothing checked"
-  exit 0
+stacks() { # the main thread's stack of each Python process that faulthandler dumped, import machinery left out
+  awk '/^Current thread .*most recent call first/ {p = 1} p {print} /^$/ {p = 0}' | grep -v '<frozen importlib' | head -n 60 || true
+}
+if [ "$EXPECT" = cuda ]; then
+  rc=0
+  probe=$(ulimit -c 0 && PYTHONFAULTHANDLER=1 timeout -s ABRT -k 10 "$PROBE_SECONDS" python -c \
+    "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 3)" 2>&1) || rc=$?
+  if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then # a hung import or driver: not the same as no GPU
+    echo "FAIL probe: importing torch and asking for CUDA still ran after $PROBE_SECONDS s, stopped; where it was:"
+    echo "$probe" | stacks
+    exit 1
+  elif [ "$rc" -eq 3 ]; then
+    echo "gpu_check: no CUDA GPU visible to torch (torch.cuda.is_available() is False): nothing checked"
+    exit 0
+  elif [ "$rc" -ne 0 ]; then
+    echo "FAIL probe: python -c 'import torch' exited with $rc: $(echo "$probe" | tail -n 1)"
+    exit 1
+  fi
 fi
 OUT=$(mktemp -d "${TMPDIR:-/tmp}/gpu_check.XXXXXX")
 echo "gpu_check: $(timeout -k 10 120 python -c 'import torch; print(torch.cuda.get_device_name(0) if torch.cuda.is_available() else "CPU", "| torch", torch.__version__, "| CUDA", torch.version.cuda)'); logs in $OUT"
 SECONDS=0
 
+descendants() { # descendants PID: every process under PID
+  local c
+  for c in $(pgrep -P "$1" || true); do
+    echo "$c"
+    descendants "$c"
+  done
+}
+
 check() { # check NAME COMMAND...: run in $OUT, must exit 0 within CHECK_SECONDS and report training on cuda
-  local name=$1 t0=$SECONDS rc=0
+  local name=$1 t0=$SECONDS rc=0 pid pids group
   shift
-  (cd "$OUT" && timeout -k 10 "$CHECK_SECONDS" "$@") >"$OUT/$name.log" 2>&1 || rc=$?
-  if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then # a hang (a first CUDA call, a stuck process group) fails, not stalls
-    echo "FAIL $name: still running after $CHECK_SECONDS s, stopped; last lines of $OUT/$name.log:"
-    tail -n 15 "$OUT/$name.log"
+  # a subshell that waits for the command, so that the command's end by a signal is reported in its log, not here
+  (cd "$OUT" && ulimit -c 0 && PYTHONFAULTHANDLER=1 "$@"; exit $?) >"$OUT/$name.log" 2>&1 &
+  pid=$!
+  while kill -0 "$pid" 2>/dev/null && [ $((SECONDS - t0)) -lt "$CHECK_SECONDS" ]; do sleep 1; done
+  if kill -0 "$pid" 2>/dev/null; then # a hang (a first CUDA call, a stuck process group) fails, not stalls
+    # SIGABRT to every process under the check (torchrun's workers are in sessions of their own), then to the check:
+    # each Python process prints its stack (PYTHONFAULTHANDLER) and ends; what is left after that is killed
+    local top kids
+    top=$(pgrep -P "$pid" || true) # the command
+    kids=$(for t in $top; do descendants "$t"; done)
+    pids="$top $kids"
+    for group in "$kids" "$top"; do
+      [ -n "$group" ] && { kill -ABRT $group 2>/dev/null || true; }
+      for _ in 1 2 3 4 5; do
+        kill -0 $group 2>/dev/null || break
+        sleep 1
+      done
+    done
+    kill -KILL $pids 2>/dev/null || true
+    wait "$pid" || true
+    echo "FAIL $name: still running after $CHECK_SECONDS s, stopped; where it was (from $OUT/$name.log):"
+    if grep -q "most recent call first" "$OUT/$name.log"; then
+      stacks <"$OUT/$name.log"
+    else
+      tail -n 15 "$OUT/$name.log"
+    fi
     exit 1
   fi
+  wait "$pid" || rc=$?
   if [ "$rc" -ne 0 ]; then
     echo "FAIL $name: exit status $rc; last lines of $OUT/$name.log:"
     tail -n 15 "$OUT/$name.log"

@@ -832,13 +832,42 @@ def test_gpu_check_pong_monitor_and_torchrun_on_cpu(tmp_path):
 
 
 def test_gpu_check_stops_a_check_that_outlasts_its_time_and_fails(tmp_path):
-    """A hung check (a first CUDA call, a stuck process group) is stopped after CHECK_SECONDS and fails, with its log's
-    last lines, instead of stalling the whole check."""
-    env = {"GPU_CHECK_EXPECT": "cpu", "GPU_CHECK_PARTS": "torchrun", "CHECK_SECONDS": "1"}
+    """A hung check (a first CUDA call, a stuck process group) is stopped after CHECK_SECONDS and fails, instead of
+    stalling the whole check, with the stack of each of its Python processes; a worker that torchrun started in a
+    session of its own (as torchrun does) is stopped too, not left running. torchrun here is a stand-in that hangs."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    worker, pid_file = tmp_path / "hung_worker.py", tmp_path / "worker.pid"
+    worker.write_text(f"import os, time\n\nopen({str(pid_file)!r}, 'w').write(str(os.getpid()))\ntime.sleep(600)\n")
+    (bin_dir / "torchrun").write_text(
+        f"#!{sys.executable}\nimport subprocess, sys, time\n\n"
+        f"subprocess.Popen([sys.executable, {str(worker)!r}], start_new_session=True)\ntime.sleep(600)\n"
+    )
+    (bin_dir / "torchrun").chmod(0o755)
+    env = {"GPU_CHECK_EXPECT": "cpu", "GPU_CHECK_PARTS": "torchrun", "CHECK_SECONDS": "3"}
+    env["PATH"] = f"{bin_dir}{os.pathsep}{os.environ['PATH']}"
     t0 = time.time()
     res = gpu_check(env, tmp_path, timeout=120)
     assert res.returncode == 1, res.stdout + res.stderr
-    assert "FAIL torchrun_nccl: still running after 1 s, stopped" in res.stdout and time.time() - t0 < 60
+    assert "FAIL torchrun_nccl: still running after 3 s, stopped" in res.stdout and time.time() - t0 < 60
+    assert f'File "{worker}", line 4' in res.stdout and "most recent call first" in res.stdout  # the worker's stack
+    worker_pid = int(pid_file.read_text())
+    assert not Path(f"/proc/{worker_pid}").exists() or "Z" in Path(f"/proc/{worker_pid}/stat").read_text().split()[2]
+    assert res.stderr == "", res.stderr
+
+
+def test_gpu_check_stops_a_hung_torch_import_and_says_where_not_no_gpu(tmp_path):
+    """A first `import torch` that hangs (a stuck driver, a slow file system) fails with the stack where it hung; it
+    is not reported as a machine without a GPU."""
+    fake = tmp_path / "fake" / "torch"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("import time\n\ntime.sleep(600)  # hung_import_marker\n")
+    env = {"PROBE_SECONDS": "2", "PYTHONPATH": str(fake.parent)}
+    t0 = time.time()
+    res = gpu_check(env, tmp_path, timeout=60)
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert "FAIL probe: importing torch and asking for CUDA still ran after 2 s, stopped" in res.stdout
+    assert str(fake / "__init__.py") in res.stdout and "no CUDA GPU" not in res.stdout and time.time() - t0 < 30
 
 
 @pytest.mark.parametrize("doc", ["README.md", "benchmark/RESULTS.md", "docs/results/README.md"])
