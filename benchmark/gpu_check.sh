@@ -49,9 +49,13 @@ OUT=$(mktemp -d "${TMPDIR:-/tmp}/gpu_check.XXXXXX")
 echo "gpu_check: $(timeout -k 10 120 python -c 'import torch; print(torch.cuda.get_device_name(0) if torch.cuda.is_available() else "CPU", "| torch", torch.__version__, "| CUDA", torch.version.cuda)'); logs in $OUT"
 SECONDS=0
 
+children() { # children PID: the kernel's list where it keeps one, else pgrep's
+  cat /proc/"$1"/task/*/children 2>/dev/null || pgrep -P "$1" || true
+}
+
 descendants() { # descendants PID: every process under PID
   local c
-  for c in $(pgrep -P "$1" || true); do
+  for c in $(children "$1"); do
     echo "$c"
     descendants "$c"
   done
@@ -68,7 +72,7 @@ check() { # check NAME COMMAND...: run in $OUT, must exit 0 within CHECK_SECONDS
     # SIGABRT to every process under the check (torchrun's workers are in sessions of their own), then to the check:
     # each Python process prints its stack (PYTHONFAULTHANDLER) and ends; what is left after that is killed
     local top kids
-    top=$(pgrep -P "$pid" || true) # the command
+    top=$(children "$pid") # the command
     kids=$(for t in $top; do descendants "$t"; done)
     pids="$top $kids"
     for group in "$kids" "$top"; do
@@ -79,6 +83,8 @@ check() { # check NAME COMMAND...: run in $OUT, must exit 0 within CHECK_SECONDS
       done
     done
     kill -KILL $pids 2>/dev/null || true
+    sleep 1
+    if kill -0 "$pid" 2>/dev/null; then kill -KILL "$pid" 2>/dev/null || true; fi # its command was not found
     wait "$pid" || true
     echo "FAIL $name: still running after $CHECK_SECONDS s, stopped; where it was (from $OUT/$name.log):"
     if grep -q "most recent call first" "$OUT/$name.log"; then
