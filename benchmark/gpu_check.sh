@@ -23,6 +23,12 @@ PONG_TARGET=${PONG_TARGET:-20}
 PONG_FLAGS=${PONG_FLAGS:-}
 CHECK_SECONDS=${CHECK_SECONDS:-180} # each variant's run, at most
 PROBE_SECONDS=${PROBE_SECONDS:-120} # the first python -c "import torch" and CUDA probe, at most
+for v in LIMIT_SECONDS CHECK_SECONDS PROBE_SECONDS; do
+  if ! [[ ${!v} =~ ^[1-9][0-9]*$ ]]; then
+    echo "gpu_check: $v must be a whole number of seconds above 0, not '${!v}'" >&2
+    exit 2
+  fi
+done
 
 EXPECT=${GPU_CHECK_EXPECT:-cuda} # cpu: the same checks on a machine without a GPU (tests run it so)
 PARTS=${GPU_CHECK_PARTS:-"variants torchrun pong"}

@@ -856,6 +856,13 @@ def test_gpu_check_stops_a_check_that_outlasts_its_time_and_fails(tmp_path):
     assert res.stderr == "", res.stderr
 
 
+@pytest.mark.parametrize("var", ["CHECK_SECONDS", "PROBE_SECONDS", "LIMIT_SECONDS"])
+def test_gpu_check_refuses_a_time_limit_that_is_not_a_whole_number(tmp_path, var):
+    res = gpu_check({var: "3m"}, tmp_path, timeout=60)
+    assert res.returncode == 2 and res.stdout == "", res.stdout + res.stderr
+    assert res.stderr.strip() == f"gpu_check: {var} must be a whole number of seconds above 0, not '3m'"
+
+
 def test_gpu_check_stops_a_hung_torch_import_and_says_where_not_no_gpu(tmp_path):
     """A first `import torch` that hangs (a stuck driver, a slow file system) fails with the stack where it hung; it
     is not reported as a machine without a GPU."""
