@@ -9,9 +9,14 @@ with a namespace such as ALE/Pong-v5 makes a nested folder), groups the runs by 
 settings they changed from the script's defaults (from the `hyperparameters` text each run logs; shown as the
 script's flags, e.g. `ppo_atari_envpool.py --channels-last --bf16`: one script's runs with other settings are other
 rows, never averaged together), and writes into --out: one PNG per env (mean ± std over seeds of the episodic return
-against steps and against wall time), README.md with a table of the mean ± std over seeds of each seed's
+against steps and against training time), README.md with a table of the mean ± std over seeds of each seed's
 last-100-episode mean return next to the published numbers (benchmark/reference.csv) and their ratio, and
 summary.csv. Needs nothing but the event files.
+
+Training time is a run's wall time less its pauses: a gap of over 5 minutes (PAUSE) between two of its logged values
+(a run stopped and later resumed with --resume, or suspended) is not training. From the event files every iteration's
+values count; from an episodes file, the pauses it recorded (or, in a file written before it recorded them, the gaps
+between its episodes).
 """
 
 import argparse
@@ -37,6 +42,7 @@ RETURN_TAG = "charts/episodic_return"
 # scripts without a published table of their own, compared with the table of the script they reproduce
 REFERENCE_SCRIPT = {"ppo_atari_envpool.py": "ppo_atari.py", "ppo_atari_multigpu.py": "ppo_atari.py"}
 BASELINES = [("ppo2", "ppo2"), ("cleanrl", "CleanRL")]  # (baseline column of reference.csv, table heading)
+PAUSE = 300.0  # seconds: a longer gap between a run's logged values is a pause (every script logs each iteration)
 HYPERPARAMETERS_TAG = "hyperparameters/text_summary"  # the `|param|value|` table each script logs at its start
 # settings that name, place, watch or save a run but leave what it learns alone: never part of a run's flags
 # (total_timesteps: the steps column says it; batch_size etc.: computed from the others)
@@ -57,6 +63,7 @@ class Run:
     last_step: int = 0
     last_time: float = 0.0
     flags: str = ""  # the settings changed from the script's defaults, as flags ('' for none, or where not known)
+    pauses: list = field(default_factory=list)  # [(from, to)] wall times of the gaps that were not training
 
     @property
     def label(self):
@@ -89,33 +96,52 @@ def find_runs(root):
 EPISODE_COLUMNS = ["env", "exp", "seed", "timestamp", "start_time", "last_step", "last_time", "step", "wall_time", "return"]
 
 
+def find_pauses(times):
+    """[(from, to)] of the gaps of over PAUSE seconds between consecutive wall times (sorted here)."""
+    times = sorted(times)
+    return [(a, b) for a, b in zip(times, times[1:]) if b - a > PAUSE]
+
+
+def training_time(run, t):
+    """Seconds from the run's start to wall time `t`, less the parts of its pauses before `t`."""
+    return t - run.start_time - sum(max(0.0, min(b, t) - a) for a, b in run.pauses)
+
+
 def write_episodes(runs, path):
     """Every episode of the loaded `runs` as one gzipped CSV: the report can be made again from it (no event files).
-    A `flags` column follows where some run changed a setting (files of default runs stay as they were)."""
-    flagged = any(r.flags for r in runs)
+    A `flags` column follows where some run changed a setting, and a `pauses` column (`from:to` wall times, separated
+    by spaces) where some run paused (files of default, unpaused runs stay as they were)."""
+    flagged, paused = any(r.flags for r in runs), any(r.pauses for r in runs)
     with gzip.open(path, "wt", newline="", encoding="utf-8") as f:
         w = csv.writer(f)
-        w.writerow(EPISODE_COLUMNS + ["flags"] * flagged)
+        w.writerow(EPISODE_COLUMNS + ["flags"] * flagged + ["pauses"] * paused)
         for r in runs:
             head = [r.env, r.exp, r.seed, r.timestamp, f"{r.start_time:.3f}", r.last_step, f"{r.last_time:.3f}"]
-            tail = [r.flags] * flagged
+            tail = [r.flags] * flagged + [" ".join(f"{a:.3f}:{b:.3f}" for a, b in r.pauses)] * paused
             for step, wall, value in r.returns or [(r.last_step, r.last_time, math.nan)]:  # a run without episodes too
                 w.writerow(head + [step, f"{wall:.3f}", repr(value)] + tail)
 
 
 def read_episodes(path):
-    """The runs of a CSV written by write_episodes, loaded (returns, times and last step filled in)."""
-    runs = {}
+    """The runs of a CSV written by write_episodes, loaded (returns, times, last step and pauses filled in)."""
+    runs, recorded = {}, False
     with gzip.open(path, "rt", newline="", encoding="utf-8") as f:
-        for row in csv.DictReader(f):
+        reader = csv.DictReader(f)
+        recorded = "pauses" in (reader.fieldnames or [])
+        for row in reader:
             key = (row["env"], row["exp"], int(row["seed"]), int(row["timestamp"]), row.get("flags") or "")
             if key not in runs:
                 runs[key] = Run(*key[:4], path=Path(f"{path}#{'__'.join(map(str, key[:4]))}"), flags=key[4])
                 run = runs[key]
                 run.start_time, run.last_step = float(row["start_time"]), int(row["last_step"])
                 run.last_time = float(row["last_time"])
+                if recorded:
+                    run.pauses = [tuple(map(float, p.split(":"))) for p in row["pauses"].split()]
             if row["return"] != "nan":
                 runs[key].returns.append((int(row["step"]), float(row["wall_time"]), float(row["return"])))
+    if not recorded:  # written before pauses were recorded: the gaps between the episodes (all the file has)
+        for run in runs.values():
+            run.pauses = find_pauses([run.start_time, run.last_time] + [w for _, w, _ in run.returns])
     return list(runs.values())
 
 
@@ -176,7 +202,8 @@ def defaults_of(exp):
 
 
 def load(run):
-    """Fill the run's episodic returns, start time, last step, last time and changed settings from its event files."""
+    """Fill the run's episodic returns, start time, last step, last time, pauses and changed settings from its event
+    files."""
     acc = EventAccumulator(str(run.path), size_guidance={"scalars": 0, "tensors": 0})
     acc.Reload()
     if HYPERPARAMETERS_TAG in acc.Tags()["tensors"]:  # the first segment's (a resumed run logs it once)
@@ -192,6 +219,7 @@ def load(run):
         run.start_time = min((e.wall_time for e in every), default=0.0)
     run.last_step = max((e.step for e in every), default=0)
     run.last_time = max((e.wall_time for e in every), default=run.start_time)
+    run.pauses = find_pauses([run.start_time] + [e.wall_time for e in every])
     return run
 
 
@@ -221,7 +249,7 @@ def trailing_mean(values, window):
 
 
 def curve(runs, x="step", window=100, points=200):
-    """(grid, mean, std, count) over seeds of the trailing-mean return; x = 'step' or 'time' (seconds since start).
+    """(grid, mean, std, count) over seeds of the trailing-mean return; x = 'step' or 'time' (training_time, s).
 
     A seed's curve runs from its first episode to the end of its run (its last logged step or time, holding its last
     value). The grid spans the range all seeds cover; where they do not overlap at all, each seed counts only inside
@@ -230,9 +258,9 @@ def curve(runs, x="step", window=100, points=200):
     for run in runs:
         if not run.returns:
             continue
-        xs = [s if x == "step" else w - run.start_time for s, w, _ in run.returns]
+        xs = [s if x == "step" else training_time(run, w) for s, w, _ in run.returns]
         ys = list(trailing_mean([v for _, _, v in run.returns], window))
-        end = run.last_step if x == "step" else run.last_time - run.start_time
+        end = run.last_step if x == "step" else training_time(run, run.last_time)
         if end > xs[-1]:
             xs, ys = xs + [end], ys + [ys[-1]]
         series.append((np.array(xs, dtype=float), np.array(ys)))
@@ -319,7 +347,7 @@ def summarize(groups, reference, last=100):
                 "seeds": [r.seed for r in runs],
                 "steps": min(r.last_step for r in runs),
                 "episodes": min(len(r.returns) for r in runs),
-                "wall": float(np.mean([r.last_time - r.start_time for r in runs])),
+                "time": float(np.mean([training_time(r, r.last_time) for r in runs])),
                 "per_seed": per_seed,
                 "mean": float(np.mean(valid)) if valid else math.nan,
                 "std": float(np.std(valid)) if valid else math.nan,
@@ -348,7 +376,7 @@ def plot_env(env, groups, refs_by_script, out_path, window):
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.2), sharey=True)
-    longest = max((r.last_time - r.start_time for runs in groups.values() for r in runs), default=0)
+    longest = max((training_time(r, r.last_time) for runs in groups.values() for r in runs), default=0)
     unit, scale = ("hours", 3600.0) if longest > 2 * 3600 else ("minutes", 60.0) if longest > 120 else ("seconds", 1.0)
     drawn = set()  # the scripts whose published lines are drawn (once, beside several settings of one script)
     for k, ((exp, flags), runs) in enumerate(sorted(groups.items())):
@@ -372,7 +400,7 @@ def plot_env(env, groups, refs_by_script, out_path, window):
             elif row:
                 axes[0].axhline(row["mean"], color=color, linestyle=style, linewidth=1, label=label)
     axes[0].set_xlabel("environment steps")
-    axes[1].set_xlabel(f"wall time ({unit})")
+    axes[1].set_xlabel(f"training time ({unit})")
     axes[0].set_ylabel(f"episodic return (trailing mean of {window} episodes)")
     for ax in axes:
         ax.grid(alpha=0.3)
@@ -403,9 +431,11 @@ def write_readme(rows, out, images, notes, last, per_table=None):
         "Generated by `python benchmark/report.py` from TensorBoard event files. For each seed, the mean episodic "
         f"return (`{RETURN_TAG}`) of its last {last} episodes; then the mean ± std (numpy's, ddof=0) over seeds. "
         "Published: mean ± std over seeds at the step count shown (benchmark/reference.csv); ratio = ours / published "
-        "(for negative returns a ratio above 1 is worse).",
+        "(for negative returns a ratio above 1 is worse). Training time: the mean over seeds of each run's wall time "
+        f"less its pauses (gaps of over {PAUSE / 60:g} minutes between its logged values: stopped and resumed, or "
+        "suspended).",
         "",
-        "| env | script | seeds | steps | wall time | return (ours) | "
+        "| env | script | seeds | steps | training time | return (ours) | "
         + " | ".join(f"{h} | ratio" for _, h in BASELINES)
         + " |",
         "|---|---|---|---|---|---|" + "---|---|" * len(BASELINES),
@@ -418,7 +448,7 @@ def write_readme(rows, out, images, notes, last, per_table=None):
             row["label"],
             ", ".join(map(str, row["seeds"])),
             _steps(row["steps"]),
-            _duration(row["wall"]),
+            _duration(row["time"]),
             ours,
         ]
         for baseline, _ in BASELINES:

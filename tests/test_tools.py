@@ -502,6 +502,42 @@ def test_report_made_again_from_its_episodes_file_is_the_same(runs_dir, tmp_path
     assert (second / "CartPole-v1.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_report_training_time_leaves_out_the_pause_between_resumed_segments(tmp_path):
+    """A run stopped and resumed an hour later: its table time, its time axis and its episodes file leave the hour out."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    run_dir = tmp_path / "runs" / "CartPole-v1__ppo__1__1000"
+    t0 = time.time()
+    for segment, start in enumerate((t0, t0 + 3600 + 100)):  # two event files, as --resume writes them
+        writer = SummaryWriter(str(run_dir), filename_suffix=f".{segment}")
+        for i in range(100):  # an iteration's scalar and an episode each second: 100 s of training a segment
+            step = (segment * 100 + i + 1) * 100
+            writer.add_scalar("charts/SPS", 100.0, step, walltime=start + i + 1)
+            writer.add_scalar("charts/episodic_return", float(step), step, walltime=start + i + 1)
+        writer.close()
+    found, _ = report.find_runs(tmp_path / "runs")
+    run = report.load(found[0])
+    assert len(run.pauses) == 1 and 3600 < run.pauses[0][1] - run.pauses[0][0] < 3602
+    assert 198 < report.training_time(run, run.last_time) < 202  # of 3,800 s of wall time
+    grid, _, _, _ = report.curve([run], x="time")
+    assert grid[-1] == pytest.approx(report.training_time(run, run.last_time)) and grid[-1] < 300
+    out = tmp_path / "report"
+    assert tool("benchmark/report.py", tmp_path / "runs", "--out", out).returncode == 0
+    row = next(line for line in (out / "README.md").read_text().splitlines() if line.startswith("| CartPole-v1 |"))
+    assert row.split("|")[5].strip().endswith(" min") and float(row.split("|")[5].split()[0]) < 3.5  # not 63 min
+    again = report.read_episodes(out / "episodes.csv.gz")[0]  # recorded in the file ...
+    assert again.pauses == [(pytest.approx(a, abs=1e-3), pytest.approx(b, abs=1e-3)) for a, b in run.pauses]
+    with gzip.open(out / "episodes.csv.gz", "rt") as f:  # ... and, in a file of before, found between the episodes
+        rows = list(csv.DictReader(f))
+    older = tmp_path / "older.csv.gz"
+    with gzip.open(older, "wt", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=report.EPISODE_COLUMNS, extrasaction="ignore")
+        w.writeheader()
+        w.writerows(rows)
+    derived = report.read_episodes(older)[0]
+    assert len(derived.pauses) == 1 and 3600 < derived.pauses[0][1] - derived.pauses[0][0] < 3602
+
+
 COMMITTED_REPORTS = sorted(
     p.parent.relative_to(ROOT).as_posix()
     for p in (ROOT / "docs/results").rglob("episodes.csv.gz")
