@@ -124,7 +124,7 @@ def write_episodes(runs, path):
 
 def read_episodes(path):
     """The runs of a CSV written by write_episodes, loaded (returns, times, last step and pauses filled in)."""
-    runs, recorded = {}, False
+    runs = {}
     with gzip.open(path, "rt", newline="", encoding="utf-8") as f:
         reader = csv.DictReader(f)
         recorded = "pauses" in (reader.fieldnames or [])
