@@ -122,6 +122,14 @@ def write_episodes(runs, path):
                 w.writerow(head + [step, f"{wall:.3f}", repr(value)] + tail)
 
 
+def parse_pauses(cell):
+    """[(from, to)] of a `pauses` cell ('from:to from:to'); ValueError where it is not that."""
+    pauses = [tuple(float(t) for t in pair.split(":")) for pair in (cell or "").split()]
+    if any(len(p) != 2 or p[1] < p[0] for p in pauses):
+        raise ValueError(f"pauses {cell!r}: not 'from:to' wall times")
+    return pauses
+
+
 def read_episodes(path):
     """The runs of a CSV written by write_episodes, loaded (returns, times, last step and pauses filled in)."""
     runs = {}
@@ -136,7 +144,7 @@ def read_episodes(path):
                 run.start_time, run.last_step = float(row["start_time"]), int(row["last_step"])
                 run.last_time = float(row["last_time"])
                 if recorded:
-                    run.pauses = [tuple(map(float, p.split(":"))) for p in row["pauses"].split()]
+                    run.pauses = parse_pauses(row["pauses"])
             if row["return"] != "nan":
                 runs[key].returns.append((int(row["step"]), float(row["wall_time"]), float(row["return"])))
     if not recorded:  # written before pauses were recorded: the gaps between the episodes (all the file has)

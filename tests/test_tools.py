@@ -536,6 +536,13 @@ def test_report_training_time_leaves_out_the_pause_between_resumed_segments(tmp_
         w.writerows(rows)
     derived = report.read_episodes(older)[0]
     assert len(derived.pauses) == 1 and 3600 < derived.pauses[0][1] - derived.pauses[0][0] < 3602
+    broken = tmp_path / "broken.csv.gz"  # a pauses cell that is not 'from:to': one line, no traceback
+    with gzip.open(broken, "wt", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows([{**r, "pauses": "1:2:3"} for r in rows])
+    res = tool("benchmark/report.py", broken, "--out", tmp_path / "bad")
+    assert res.returncode == 2 and "not an episodes file" in res.stderr and "Traceback" not in res.stderr
 
 
 COMMITTED_REPORTS = sorted(
