@@ -123,8 +123,8 @@ DETAILS = {
         "(float32: 4.8e-7; `python benchmark/first_ratio.py ppo_atari_envpool.py --bf16`), its gradient within 3–6% of "
         "float32's (`benchmark/bf16_gradients.py`). Over 1M Breakout steps it ended 3.5 points lower, within seed noise "
         "(16.07 ± 1.90 against float32's 19.61 ± 2.17, 3 seeds each, p 0.16; benchmark/RESULTS.md). At the published "
-        "10M steps four Breakout seeds under `--bf16 --channels-last` ended at 410.72, 424.73, 417.18 and 396.80 (last "
-        "100 games; ppo2: 409.27 ± 30.98), four Pong seeds at 20.57, 20.58, 20.90 and 20.02 (ppo2: 20.59 ± 0.40; "
+        "10M steps five Breakout seeds under `--bf16 --channels-last` ended at 410.72, 424.73, 417.18, 396.80 and 432.99 "
+        "(last 100 games; ppo2: 409.27 ± 30.98), four Pong seeds at 20.57, 20.58, 20.90 and 20.02 (ppo2: 20.59 ± 0.40; "
         "docs/results/atari10m).",
     ),
     "atari-9": (
