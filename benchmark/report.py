@@ -125,7 +125,7 @@ def write_episodes(runs, path):
 def parse_pauses(cell):
     """[(from, to)] of a `pauses` cell ('from:to from:to'); ValueError where it is not that."""
     pauses = [tuple(float(t) for t in pair.split(":")) for pair in (cell or "").split()]
-    if any(len(p) != 2 or p[1] < p[0] for p in pauses):
+    if any(len(p) != 2 or not all(map(math.isfinite, p)) or p[1] < p[0] for p in pauses):
         raise ValueError(f"pauses {cell!r}: not 'from:to' wall times")
     return pauses
 

@@ -543,6 +543,10 @@ def test_report_training_time_leaves_out_the_pause_between_resumed_segments(tmp_
         w.writerows([{**r, "pauses": "1:2:3"} for r in rows])
     res = tool("benchmark/report.py", broken, "--out", tmp_path / "bad")
     assert res.returncode == 2 and "not an episodes file" in res.stderr and "Traceback" not in res.stderr
+    for cell in ("nan:nan", "5:3", "1:inf"):  # a pause that is no span of time would silently skew the training time
+        with pytest.raises(ValueError, match="not 'from:to'"):
+            report.parse_pauses(cell)
+    assert report.parse_pauses("1:2 3.5:7") == [(1.0, 2.0), (3.5, 7.0)]
 
 
 COMMITTED_REPORTS = sorted(
