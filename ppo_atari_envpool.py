@@ -663,14 +663,16 @@ def missing_piece_error(args):
 
 
 def bf16_error(args):
-    """--bf16 where bfloat16 is not native (emulated: slower than float32), a one-line error; else None."""
+    """--bf16 where bfloat16 is not native (emulated: slower than float32), a one-line error; else None. A resumed run
+    has --bf16 from its checkpoint: the fix is then --no-bf16 (it goes on in float32) or a machine that has bf16."""
+    fix = "resume with --no-bf16 (float32 from here on) or where bf16 is native" if args.resume else "drop --bf16"
     if args.cuda and torch.cuda.is_available():
-        return None if torch.cuda.is_bf16_supported() else "--bf16: this GPU has no bfloat16 support; drop --bf16"
+        return None if torch.cuda.is_bf16_supported() else f"--bf16: this GPU has no bfloat16 support; {fix}"
     if cpu_flags() & {"avx512_bf16", "amx_bf16", "bf16"}:  # x86's AVX512-BF16 or AMX-BF16, Arm's BF16
         return None
     return (
         "--bf16 needs a CPU with AVX512-BF16 or AMX-BF16 (or a GPU): this one has neither, and emulated bfloat16 is "
-        "slower than float32; drop --bf16 (--channels-last alone is the same math, faster)"
+        f"slower than float32; {fix} (--channels-last alone is the same math, faster)"
     )
 
 

@@ -4,6 +4,8 @@
     python benchmark/step_profile.py ppo_atari.py --iterations 4
     python benchmark/step_profile.py ppo_atari_envpool.py -- --bf16 --channels-last   # flags for the run
     python benchmark/step_profile.py ppo_atari_envpool.py --against HEAD~1      # the same, of the script at HEAD~1 too
+    python benchmark/step_profile.py ppo_atari_envpool.py --iterations 2 --emulate-bf16 -- --bf16 --channels-last
+                                  # what --bf16 would cost on a CPU without AVX512-BF16 / AMX-BF16 (the script refuses it)
 
 The script runs in this process, as it is (its own `main()`), with timers wrapped around a few of its pieces: the
 game itself (envpool's C++ step; ale-py's `AtariEnv.step` under the gymnasium wrappers), the vector env's `step`, the
@@ -70,11 +72,14 @@ class Timers:
         self.marks["last"] = now
 
 
-def profile(path, run_flags, iterations, warmup):
-    """Run the script at `path` for warmup + iterations iterations; return (timers, args, elapsed seconds)."""
+def profile(path, run_flags, iterations, warmup, emulate_bf16=False):
+    """Run the script at `path` for warmup + iterations iterations; return (timers, args, elapsed seconds).
+    `emulate_bf16`: the script's CPU check is told the CPU has AVX512-BF16, so that --bf16 runs emulated where it does not."""
     spec = importlib.util.spec_from_file_location(f"profiled_{path.stem}", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
+    if emulate_bf16:
+        module.cpu_flags = lambda: {"avx512_bf16"}
     timers = Timers(warmup)
     inference = torch.is_inference_mode_enabled
     timers.wrap(module.Agent, "get_action_and_value", "rollout forward", when=inference)
@@ -195,6 +200,11 @@ def main():
 
     parser.add_argument("--iterations", type=int, default=8, help="iterations measured (after one of warm-up)")
     parser.add_argument("--against", metavar="REV", help="also profile the script as it was at git revision REV")
+    parser.add_argument(
+        "--emulate-bf16",
+        action="store_true",
+        help="let --bf16 run where the CPU lacks AVX512-BF16/AMX-BF16 (emulated), to measure what the refusal spares",
+    )
     argv = sys.argv[1:]
     run_flags = argv[argv.index("--") + 1 :] if "--" in argv else []  # flags for the run, after --
     opts = parser.parse_args(argv[: argv.index("--")] if "--" in argv else argv)
@@ -214,7 +224,7 @@ def main():
         paths[0].write_bytes(res.stdout)
     results, alones = [], []
     for p in paths:
-        timers, args, alone = profile(p, opts.run_flags, opts.iterations, warmup=1)
+        timers, args, alone = profile(p, opts.run_flags, opts.iterations, warmup=1, emulate_bf16=opts.emulate_bf16)
         steps = opts.iterations * args.num_envs * args.num_steps
         results.append(table(timers, steps))
         alones.append(alone)

@@ -104,3 +104,29 @@ def test_bf16_refused_before_anything_starts(tmp_path):
     lines = res.stderr.strip().splitlines()
     assert res.returncode == 1 and len(lines) == 1 and lines[0].startswith("error: --bf16 needs a CPU"), res.stderr
     assert not (tmp_path / "runs").exists()
+
+
+def test_a_bf16_run_resumed_where_bf16_is_not_native_is_told_to_add_no_bf16_and_then_goes_on(tmp_path):
+    # a CPU flags reader that finds nothing (as on a CPU without bfloat16); the checkpoint says --bf16, as if it had been
+    # written on a machine with AVX512-BF16 (this test must pass on any CPU, so the run itself is float32)
+    script = tmp_path / "ppo_atari.py"
+    source = (ROOT / "ppo_atari.py").read_text()
+    script.write_text(source.replace('with open("/proc/cpuinfo", encoding="utf-8") as f:', 'with open("/nonexistent") as f:'))
+    res = run_python(script, *TINY, "--save-model", "--no-cuda", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    (run_dir,) = run_dirs(tmp_path)
+    ckpt = run_dir / "checkpoint.pt"
+    saved = torch.load(ckpt, weights_only=True)
+    saved["args"]["bf16"] = True
+    torch.save(saved, ckpt)
+
+    res = run_python(script, "--resume", ckpt, "--total-timesteps", 256, cwd=tmp_path)
+    lines = res.stderr.strip().splitlines()
+    assert res.returncode == 1 and len(lines) == 1 and lines[0].startswith("error: --bf16 needs a CPU"), res.stderr
+    assert "resume with --no-bf16 (float32 from here on)" in lines[0] and "drop --bf16" not in lines[0]
+    assert torch.load(ckpt, weights_only=True)["global_step"] == 128  # nothing started
+
+    res = run_python(script, "--resume", ckpt, "--total-timesteps", 256, "--no-bf16", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    saved = torch.load(ckpt, weights_only=True)
+    assert saved["global_step"] == 256 and saved["args"]["bf16"] is False

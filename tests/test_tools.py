@@ -1468,3 +1468,21 @@ def test_step_profile_accounts_for_every_piece_of_a_tiny_run(tmp_path):
     assert args.num_envs == 2 and alone > 0
     assert len(rows) == 8 and all(v >= 0 for k, v in rows.items() if not k.startswith("between")), rows
     assert rows["game"] > 0 and rows["rollout forward"] > 0 and rows["update backward + Adam"] > 0, rows
+
+
+def test_step_profile_emulate_bf16_runs_bf16_where_the_cpu_check_finds_no_bf16(tmp_path):
+    """--emulate-bf16: the profiled script's --bf16 runs even where /proc/cpuinfo shows no bfloat16 (simulated here:
+    the file cannot be read); without the option the same run is refused."""
+    spec = importlib.util.spec_from_file_location("step_profile", ROOT / "benchmark" / "step_profile.py")
+    step_profile = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(step_profile)
+    script = tmp_path / "ppo_atari_envpool.py"
+    source = (ROOT / "ppo_atari_envpool.py").read_text()
+    script.write_text(source.replace('with open("/proc/cpuinfo", encoding="utf-8") as f:', 'with open("/nonexistent") as f:'))
+    flags = ["--num-envs", "2", "--num-steps", "16", "--num-minibatches", "2", "--update-epochs", "1", "--bf16"]
+    with pytest.raises(SystemExit) as refused:
+        step_profile.profile(script, flags, iterations=1, warmup=1)
+    assert "--bf16 needs a CPU with AVX512-BF16" in str(refused.value.code)
+    timers, args, alone = step_profile.profile(script, flags, iterations=1, warmup=1, emulate_bf16=True)
+    rows = dict(step_profile.table(timers, args.num_envs * args.num_steps))
+    assert args.bf16 and alone > 0 and rows["update backward + Adam"] > 0, rows
