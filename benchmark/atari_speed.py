@@ -24,7 +24,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools"))
-from _common import Runs, Stopped, exit_with, flag_error  # noqa: E402  (tools/_common.py)
+from _common import Runs, Stopped, exit_with, flag_error, machine  # noqa: E402  (tools/_common.py)
 
 SCRIPTS = {"wrappers": "ppo_atari.py", "vector": "ppo_atari_envpool.py"}
 
@@ -152,7 +152,7 @@ def measure(args, runs):
         f"{args.env_id}, {args.num_envs} envs; env-only: {args.env_steps} timed steps per env after {args.env_warmup}; "
         f"training: {args.num_steps} steps per env per iteration, iterations 2..{args.train_iterations} timed; "
         f"median of {args.repeats}; --torch-threads {args.torch_threads if args.torch_threads is not None else 'default'}; "
-        f"{os.cpu_count()} CPUs"
+        f"{machine()}"
     )
     print("| pipeline | env-only steps/s | training SPS |\n|-|-|-|")
     for name, script in SCRIPTS.items():

@@ -36,7 +36,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools"))
-from _common import Runs, Stopped, checked_args, exit_with, script_error  # noqa: E402  (tools/_common.py)
+from _common import Runs, Stopped, checked_args, exit_with, machine, script_error  # noqa: E402  (tools/_common.py)
 
 # script -> (env id, extra training flags, training steps, warm-up iterations)
 DEFAULTS = {
@@ -163,7 +163,7 @@ def main(argv=None):
         sys.exit(f"error: {e}")
     finally:
         runs.restore()
-    print(f"\nmedian of {opts.repeats}; {os.cpu_count()} CPUs; {time.strftime('%Y-%m-%d')}\n")
+    print(f"\nmedian of {opts.repeats}; {machine()}; {time.strftime('%Y-%m-%d')}\n")
     print("| script | env | env-only steps/s | training SPS | training / env-only |")
     print("|---|---|---|---|---|")
     for script, env_id, env_sps, train_sps, ratio, *_ in rows:

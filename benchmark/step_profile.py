@@ -30,7 +30,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools"))
-from _common import exit_with  # noqa: E402  (tools/_common.py)
+from _common import exit_with, machine  # noqa: E402  (tools/_common.py)
 
 SCRIPTS = ("ppo_atari.py", "ppo_atari_envpool.py", "ppo_atari_lstm.py", "ppo_atari_multigpu.py")
 
@@ -229,7 +229,8 @@ def main():
         results.append(table(timers, steps))
         alones.append(alone)
     names = [f"{path.name}@{opts.against}", path.name] if opts.against else [path.name]
-    print(f"\n{' '.join(opts.run_flags)}: ms per env step over {opts.iterations} iterations after 1 of warm-up\n")
+    print(f"\n{' '.join(opts.run_flags)}: ms per env step over {opts.iterations} iterations after 1 of warm-up")
+    print(f"{machine()}{'; --bf16 emulated' if opts.emulate_bf16 else ''}; {time.strftime('%Y-%m-%d')}\n")
     print("| piece | " + " | ".join(names) + " |")
     print("|---|" + "---|" * len(names))
     for i, (label, _) in enumerate(results[0]):

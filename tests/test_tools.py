@@ -37,6 +37,7 @@ details = load_module("tools/details.py")
 lineage = load_module("tools/lineage.py")
 suites = load_module("benchmark/suites.py")
 report = load_module("benchmark/report.py")
+common = load_module("tools/_common.py")
 
 
 def tool(relpath, *args, cwd=ROOT, timeout=60):
@@ -830,6 +831,36 @@ def test_speed_with_flags_measures_each_script_also_with_them():
     cells = [float(c.strip().replace(",", "")) for c in row.strip("|").split("|")[2:]]
     plain, flagged, ratio, both, both_ratio = cells
     assert ratio == pytest.approx(flagged / plain, abs=0.01) and both_ratio == pytest.approx(both / plain, abs=0.01)
+    assert f"median of 1; {os.cpu_count()} CPUs, " in res.stdout and ", bfloat16: " in res.stdout  # the machine named
+
+
+SAPPHIRE_RAPIDS = "model name\t: Intel(R) Xeon(R) Platinum 8480+\ncpu family\t: 6\nmodel\t\t: 143\n"
+SAPPHIRE_RAPIDS += "flags\t\t: fpu avx2 avx512f avx512_bf16 amx_bf16 amx_tile\n"
+ZEN3 = "model name\t: AMD EPYC\ncpu family\t: 25\nmodel\t\t: 1\nflags\t\t: fpu sse4_2 avx avx2 fma\n"
+
+
+@pytest.mark.parametrize(
+    "cpuinfo, said",
+    [
+        (
+            SAPPHIRE_RAPIDS * 2,  # two CPUs: the first one's fields
+            "Intel(R) Xeon(R) Platinum 8480+ (family 6, model 143), AVX-512, bfloat16: AMX-BF16 and AVX512-BF16",
+        ),
+        (ZEN3, "AMD EPYC (family 25, model 1), AVX2, bfloat16: not native"),
+        (ZEN3.replace("avx2 ", "avx512f avx512_bf16 "), "AMD EPYC (family 25, model 1), AVX-512, bfloat16: AVX512-BF16"),
+        ("CPU part\t: 0xd40\nFeatures\t: fp asimd bf16\n", "0xd40, NEON, bfloat16: BF16"),  # an Arm Neoverse V1
+        (None, "CPU model unknown, no AVX2, bfloat16: not native"),  # /proc/cpuinfo unreadable
+    ],
+)
+def test_machine_names_the_cpu_its_vector_width_and_whether_bf16_is_native(tmp_path, cpuinfo, said):
+    """The line speed tables carry: figures from two machines compare only where these agree (the same CPU model may
+    come with or without AVX512-BF16, and --bf16 runs only where it is native)."""
+    path = tmp_path / "cpuinfo"
+    if cpuinfo is not None:
+        path.write_text(cpuinfo)
+    line = common.machine(path)
+    assert line.startswith(f"{os.cpu_count()} CPUs, {said}"), line
+    assert ("GPU: " in line) == torch.cuda.is_available()
 
 
 @pytest.mark.parametrize(

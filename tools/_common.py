@@ -248,6 +248,36 @@ def write_text_atomic(path, text):
         tmp.unlink(missing_ok=True)
 
 
+VECTOR_FLAGS = (("avx512f", "AVX-512"), ("avx2", "AVX2"), ("asimd", "NEON"))  # /proc/cpuinfo's flag, its name
+BF16_FLAGS = (("amx_bf16", "AMX-BF16"), ("avx512_bf16", "AVX512-BF16"), ("bf16", "BF16"))  # those the scripts accept
+
+
+def machine(cpuinfo="/proc/cpuinfo"):
+    """This machine in one line, for a speed table: the CPU count and model, its widest vector extension, whether
+    bfloat16 is native (the scripts' --bf16 runs only where it is) and torch's GPU if it sees one. Speed figures from
+    two machines compare only when these lines agree."""
+    fields = {}
+    try:
+        with open(cpuinfo, encoding="utf-8") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                fields.setdefault(key.strip(), value.strip())  # the first CPU's
+    except OSError:
+        pass
+    model = fields.get("model name") or fields.get("CPU part") or "CPU model unknown"
+    if "cpu family" in fields and "model" in fields:
+        model += f" (family {fields['cpu family']}, model {fields['model']})"
+    flags = set((fields.get("flags") or fields.get("Features") or "").split())
+    widest = next((name for flag, name in VECTOR_FLAGS if flag in flags), "no AVX2")
+    bf16 = " and ".join(name for flag, name in BF16_FLAGS if flag in flags) or "not native"
+    said = [f"{os.cpu_count()} CPUs", model, widest, f"bfloat16: {bf16}"]
+    import torch  # here: the tools that time runs have it loaded; the others need not load it
+
+    if torch.cuda.is_available():
+        said.append(f"GPU: {torch.cuda.get_device_name(0)}")
+    return ", ".join(said)
+
+
 # ---------------------------------------------------------------- the runs a tool launches, and signals
 
 
