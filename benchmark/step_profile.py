@@ -230,7 +230,7 @@ def main():
         alones.append(alone)
     names = [f"{path.name}@{opts.against}", path.name] if opts.against else [path.name]
     print(f"\n{' '.join(opts.run_flags)}: ms per env step over {opts.iterations} iterations after 1 of warm-up")
-    print(f"{machine()}{'; --bf16 emulated' if opts.emulate_bf16 else ''}; {time.strftime('%Y-%m-%d')}\n")
+    print(f"{machine()}{'; --emulate-bf16' if opts.emulate_bf16 else ''}; {time.strftime('%Y-%m-%d')}\n")
     print("| piece | " + " | ".join(names) + " |")
     print("|---|" + "---|" * len(names))
     for i, (label, _) in enumerate(results[0]):
