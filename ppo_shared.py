@@ -1032,11 +1032,12 @@ class Run:
         purge_step = (self.start_iteration - 1) * self.args.batch_size + 1 if self.checkpoint else None
         quiet_writer_thread()  # a failed write (a full disk): one line from main(), no thread's traceback
         self.writer = SummaryWriter(self.dir, purge_step=purge_step)
-        if not self.checkpoint:
-            self.writer.add_text(
-                "hyperparameters",
-                "|param|value|\n|-|-|\n%s" % ("\n".join([f"|{key}|{value}|" for key, value in vars(self.args).items()])),
-            )
+        # each segment's settings at its first step: a resume may change --bf16, --channels-last, --total-timesteps
+        self.writer.add_text(
+            "hyperparameters",
+            "|param|value|\n|-|-|\n%s" % ("\n".join([f"|{key}|{value}|" for key, value in vars(self.args).items()])),
+            global_step=purge_step - 1 if self.checkpoint else 0,
+        )
         return self.writer
 
     def env_seed(self):

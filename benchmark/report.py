@@ -8,7 +8,9 @@ Reads every run directory under the given folder(s) (names `{env_id}__{exp_name}
 with a namespace such as ALE/Pong-v5 makes a nested folder), groups the runs by env, script (exp_name) and the
 settings they changed from the script's defaults (from the `hyperparameters` text each run logs; shown as the
 script's flags, e.g. `ppo_atari_envpool.py --channels-last --bf16`: one script's runs with other settings are other
-rows, never averaged together), and writes into --out: one PNG per env (mean ± std over seeds of the episodic return
+rows, never averaged together; a run resumed with other settings, such as a --bf16 run resumed with --no-bf16 or a run
+extended by a larger --total-timesteps, is named by each segment's, with the step each took over from, and is a row of
+its own), and writes into --out: one PNG per env (mean ± std over seeds of the episodic return
 against steps and against training time), README.md with a table of the mean ± std over seeds of each seed's
 last-100-episode mean return next to the published numbers (benchmark/reference.csv) and their ratio, and
 summary.csv. Needs nothing but the event files.
@@ -197,6 +199,25 @@ def changed_flags(settings, defaults):
 _DEFAULTS = {}
 
 
+def segment_flags(segments, defaults):
+    """A run's flags from its segments' settings [(first step, {param: value})]: one segment's changed settings, or,
+    where a resume changed them (--no-bf16, --channels-last, a larger --total-timesteps), each segment's, the later
+    ones with the step they took over from (`--bf16; from step 6883328: (defaults)`), so that a mixed run is never
+    averaged with runs that kept one setting throughout."""
+    totals = {settings.get("total_timesteps") for _, settings in segments}
+    flags, last = [], None
+    for step, settings in segments:
+        said = changed_flags(settings, defaults)
+        if len(totals) > 1:  # an extended run: its learning-rate schedule was recomputed over the new total
+            said = f"{said} --total-timesteps {settings.get('total_timesteps')}".strip()
+        if said != last:
+            flags.append(said if not flags else f"from step {step}: {said or '(defaults)'}")
+        last = said
+    if len(flags) > 1 and not flags[0]:
+        flags[0] = "(defaults)"
+    return "; ".join(flags)
+
+
 def defaults_of(exp):
     """The defaults of the script the runs of `exp` ran (`{exp}.py` beside benchmark/), or {} where there is none
     (another --exp-name, an ablation's config name): their changed settings are then not named."""
@@ -214,9 +235,9 @@ def load(run):
     files."""
     acc = EventAccumulator(str(run.path), size_guidance={"scalars": 0, "tensors": 0})
     acc.Reload()
-    if HYPERPARAMETERS_TAG in acc.Tags()["tensors"]:  # the first segment's (a resumed run logs it once)
-        text = acc.Tensors(HYPERPARAMETERS_TAG)[0].tensor_proto.string_val[0].decode("utf-8", "replace")
-        run.flags = changed_flags(logged_settings(text), defaults_of(run.exp))
+    if HYPERPARAMETERS_TAG in acc.Tags()["tensors"]:  # each segment's (before 2026-12-05, the first segment's only)
+        texts = {e.step: e.tensor_proto.string_val[0].decode("utf-8", "replace") for e in acc.Tensors(HYPERPARAMETERS_TAG)}
+        run.flags = segment_flags([(step, logged_settings(texts[step])) for step in sorted(texts)], defaults_of(run.exp))
     tags = acc.Tags()["scalars"]
     events = {tag: acc.Scalars(tag) for tag in tags}
     run.returns = [(e.step, e.wall_time, e.value) for e in events.get(RETURN_TAG, [])]

@@ -16,7 +16,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import load_script, run_python
+from conftest import load_script, run_dirs, run_python, run_script
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 ROOT = Path(__file__).resolve().parent.parent
 BASE_SCRIPTS = ["ppo.py", "ppo_shared.py"]  # the scripts the copies are made of (present from the start)
@@ -742,6 +743,67 @@ def test_report_keeps_runs_of_one_script_with_other_settings_apart_and_names_the
     assert (again / "summary.csv").read_text() == (out / "summary.csv").read_text()  # the flags kept in the file
     assert report.changed_flags({"bf16": "True", "cuda": "False", "seed": "3"}, {"bf16": False, "cuda": True}) == "--bf16"
     assert report.defaults_of("ppo_shared_vf0.01") == {}  # an --exp-name of no script: its runs are named by it alone
+
+
+def test_report_keeps_a_run_whose_settings_changed_on_resume_apart_and_says_from_which_step(tmp_path):
+    """A --bf16 run resumed with --no-bf16 (or a run extended by a larger --total-timesteps) logged each segment's
+    settings: its row says what changed and from which step, and it is not averaged with the runs that kept theirs."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    runs, out, env = tmp_path / "runs", tmp_path / "report", "PongNoFrameskip-v4"
+    defaults = report.script_defaults(ROOT / "ppo_atari_envpool.py") | {"exp_name": "ppo_atari_envpool"}
+    table = "|param|value|\n|-|-|\n"
+    for seed in (1, 2):  # kept --bf16 --channels-last throughout
+        write_flagged_run(runs, f"{env}__ppo_atari_envpool__{seed}__1000", [(100, 20.0)], 4096, bf16=True, channels_last=True)
+    mixed = runs / f"{env}__ppo_atari_envpool__3__1000"
+    for k, (first, bf16) in enumerate(((0, True), (2048, False))):  # two event files, as --resume writes them
+        writer = SummaryWriter(str(mixed), filename_suffix=f".{k}", purge_step=first + 1 if first else None)
+        settings = defaults | {"seed": 3, "bf16": bf16, "channels_last": True}
+        writer.add_text("hyperparameters", table + "\n".join(f"|{a}|{b}|" for a, b in settings.items()), first)
+        writer.add_scalar("charts/episodic_return", -10.0 + 20 * k, first + 1000)
+        writer.add_scalar("losses/value_loss", 1.0, first + 2048)
+        writer.close()
+    res = tool("benchmark/report.py", runs, "--out", out)
+    assert res.returncode == 0 and "older run" not in res.stderr, res.stderr
+    rows = {line.split("|")[2].strip(): line for line in (out / "README.md").read_text().splitlines() if f"| {env} |" in line}
+    mixed_label = "ppo_atari_envpool.py --channels-last --bf16; from step 2048: --channels-last"
+    assert set(rows) == {"ppo_atari_envpool.py --channels-last --bf16", mixed_label}, rows
+    assert "| 1, 2 |" in rows["ppo_atari_envpool.py --channels-last --bf16"] and "| 3 |" in rows[mixed_label]
+    again = tmp_path / "again"  # the episodes file keeps the label
+    assert tool("benchmark/report.py", out / "episodes.csv.gz", "--out", again).returncode == 0
+    assert (again / "summary.csv").read_text() == (out / "summary.csv").read_text()
+
+    segment_flags = report.segment_flags  # one segment; an extension; back to the first settings; none changed
+    logged = {name: str(value) for name, value in defaults.items()} | {"total_timesteps": "100"}  # as a table has them
+    f32, b16 = logged, logged | {"bf16": "True"}
+    assert segment_flags([(0, b16)], defaults) == "--bf16"
+    assert segment_flags([(0, f32), (50, f32 | {"total_timesteps": "200"})], defaults) == (
+        "--total-timesteps 100; from step 50: --total-timesteps 200"
+    )
+    back = "(defaults); from step 50: --bf16; from step 80: (defaults)"
+    assert segment_flags([(0, f32), (50, b16), (80, f32)], defaults) == back
+    assert segment_flags([(0, b16), (50, b16 | {"torch_threads": "1", "cuda": "False"})], defaults) == "--bf16"
+
+
+def test_a_resumed_script_logs_the_settings_of_its_new_segment_for_the_report(tmp_path):
+    """ppo.py run, then extended with --resume and a larger total: TensorBoard has both segments' settings, and the
+    report names the run by them."""
+    res = run_script("ppo.py", "--total-timesteps", 1024, "--save-model", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    (run_dir,) = run_dirs(tmp_path)
+    res = run_script("ppo.py", "--resume", run_dir / "checkpoint.pt", "--total-timesteps", 2048, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    acc = EventAccumulator(str(run_dir), size_guidance={"tensors": 0})
+    acc.Reload()
+    texts = [(e.step, e.tensor_proto.string_val[0].decode()) for e in acc.Tensors(report.HYPERPARAMETERS_TAG)]
+    assert [step for step, _ in texts] == [0, 1024]
+    assert [report.logged_settings(text)["total_timesteps"] for _, text in texts] == ["1024", "2048"]
+    out = tmp_path / "report"
+    assert tool("benchmark/report.py", tmp_path / "runs", "--out", out).returncode == 0
+    assert (
+        "| CartPole-v1 | ppo.py --total-timesteps 1024; from step 1024: --total-timesteps 2048 |"
+        in (out / "README.md").read_text()
+    )
 
 
 def test_report_episodes_file_of_default_runs_has_no_flags_column(runs_dir, tmp_path):
