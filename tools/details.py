@@ -125,7 +125,7 @@ DETAILS = {
         "(16.07 ± 1.90 against float32's 19.61 ± 2.17, 3 seeds each, p 0.16; benchmark/RESULTS.md). At the published "
         "10M steps five Breakout seeds under `--bf16 --channels-last` ended at 410.72, 424.73, 417.18, 396.80 and 432.99 "
         "(last 100 games; ppo2: 409.27 ± 30.98), four Pong seeds at 20.57, 20.58, 20.90 and 20.02 (ppo2: 20.59 ± 0.40; "
-        "docs/results/atari10m), and a float32 Pong seed 1 (no `--bf16`) at 20.58.",
+        "docs/results/atari10m), and float32 Pong seeds 1-2 (no `--bf16`) at 20.58 and 20.26.",
     ),
     "atari-9": (
         "scale pixels to [0, 1]",
