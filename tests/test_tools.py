@@ -822,6 +822,7 @@ def interrupted(*args, **kwargs):
     os.kill(os.getpid(), signal.SIGINT)  # as a terminal's Ctrl-C
     time.sleep(5)
 patched.{attr} = interrupted
+signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal, even if started in the background
 sys.argv = sys.argv[1:]
 runpy.run_path(sys.argv[0], run_name="__main__")
 """
