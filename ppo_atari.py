@@ -283,10 +283,12 @@ class Agent(nn.Module):
         self.actor = layer_init(nn.Linear(512, envs.single_action_space.n), std=0.01)
         self.critic = layer_init(nn.Linear(512, 1), std=1.0)
         self.bf16 = bf16  # --bf16: the CNN in bfloat16 (its output, the heads, log-softmax, ratio and loss in float32)
+        self.frames_format = torch.contiguous_format  # --channels-last: torch.channels_last (set in train)
 
     def trunk(self, x):
         # detail atari-9: scale pixels to [0, 1] inside the network (observations stay uint8)
-        x = x.to(torch.bfloat16) if self.bf16 else x  # speed: --bf16 scales in bfloat16: the same bits, half the bytes
+        # speed: --bf16 scales in bfloat16 (same bits, half the bytes); --channels-last lays out the frames once, here
+        x = x.to(torch.bfloat16 if self.bf16 else x.dtype, memory_format=self.frames_format)
         with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=self.bf16):  # speed: --bf16 (float32 output)
             return self.network(x / 255.0).float()
 
@@ -395,6 +397,7 @@ def train(args, run):
         torch_default_init(agent)
     if args.channels_last:  # speed: oneDNN's NHWC convolution kernels (the same math, rounded differently)
         agent = agent.to(memory_format=torch.channels_last)
+        agent.frames_format = torch.channels_last
     optimizer = make_optimizer(agent, args)
     start_iteration = run.restore(agent, optimizer)  # --resume: the weights, Adam's state and the RNG states
     global_step = (start_iteration - 1) * args.batch_size
@@ -471,7 +474,8 @@ def train(args, run):
         for _epoch in range(args.update_epochs):
             for mb_inds in minibatches(b_inds, args.minibatch_size, args.shuffle_minibatches):
                 mb_inds = torch.from_numpy(mb_inds).to(device)
-                _, newlogprob, entropy, newvalue = agent.get_action_and_value(b_obs[mb_inds], b_actions[mb_inds])
+                mb_obs = b_obs.index_select(0, mb_inds)  # speed: b_obs[mb_inds], gathered as whole rows (~7x faster)
+                _, newlogprob, entropy, newvalue = agent.get_action_and_value(mb_obs, b_actions[mb_inds])
                 loss, *mb_stats = ppo_loss(
                     newlogprob,
                     entropy,

@@ -288,6 +288,7 @@ def test_channels_last_computes_the_same_function(atari):
     )
     agent = atari.Agent(envs)
     fast = copy.deepcopy(agent).to(memory_format=torch.channels_last)  # what --channels-last does
+    fast.frames_format = torch.channels_last
     convs = [m for m in fast.modules() if isinstance(m, torch.nn.Conv2d)]
     assert convs and all(m.weight.is_contiguous(memory_format=torch.channels_last) for m in convs)
     assert not agent.network[0].weight.is_contiguous(memory_format=torch.channels_last)

@@ -1,5 +1,6 @@
 """--bf16 in the four Atari scripts: the CNN under bfloat16 autocast, everything from its output on in float32."""
 
+import copy
 import math
 
 import pytest
@@ -61,6 +62,35 @@ def test_bf16_scales_the_frames_to_the_bits_autocast_gives_x_over_255(script):
     with torch.autocast("cpu", dtype=torch.bfloat16):
         before = agent.network(x / 255.0).float()
     assert torch.equal(agent.trunk(x), before)
+
+
+@pytest.mark.parametrize("script", ATARI)
+def test_channels_last_frames_are_laid_out_once_to_the_same_bits(script):
+    """--channels-last lays the frames out NHWC in trunk (with --bf16's cast) instead of leaving each convolution to
+    reorder them in its forward and again in its backward: the first convolution gets NHWC frames, and the output and
+    every gradient are those of the NCHW frames, to the bit, in float32 and in bfloat16."""
+    module = load_script(script)
+    envs = module.make_envs(module.Args(num_envs=2), "test")
+    envs.close()
+    x = torch.randint(0, 256, (16,) + envs.single_observation_space.shape, dtype=torch.uint8)
+    source = (ROOT / script).read_text()
+    assert "agent.to(memory_format=torch.channels_last)\n        agent.frames_format = torch.channels_last\n" in source
+    for bf16 in (False, True):
+        torch.manual_seed(0)
+        agent = module.Agent(envs, bf16=bf16).to(memory_format=torch.channels_last)
+        before = copy.deepcopy(agent)  # NCHW frames into NHWC weights: the convolutions reorder them
+        agent.frames_format = torch.channels_last  # what train does with --channels-last
+        seen = []
+        for net in (agent, before):
+            net.network[0].register_forward_pre_hook(lambda m, inputs, seen=seen: seen.append(inputs[0]))
+        out, ref = agent.trunk(x), before.trunk(x)
+        assert seen[0].is_contiguous(memory_format=torch.channels_last) and seen[1].is_contiguous()
+        assert not x.is_contiguous(memory_format=torch.channels_last) or x.shape[1] == 1  # the LSTM's one frame: alike
+        assert out.dtype == torch.float32 and torch.equal(out, ref)
+        (out * torch.linspace(-1, 1, out.shape[-1])).sum().backward()
+        (ref * torch.linspace(-1, 1, ref.shape[-1])).sum().backward()
+        for (name, p), q in zip(agent.network.named_parameters(), before.network.parameters()):
+            assert torch.equal(p.grad, q.grad), (bf16, name)
 
 
 @needs_bf16
