@@ -124,13 +124,14 @@ DETAILS = {
         "float32's (`benchmark/bf16_gradients.py`). Over 1M Breakout steps it ended 3.5 points lower, within seed noise "
         "(16.07 ± 1.90 against float32's 19.61 ± 2.17, 3 seeds each, p 0.16; benchmark/RESULTS.md). At the published "
         "10M steps five Breakout seeds under `--bf16 --channels-last` ended at 410.72, 424.73, 417.18, 396.80 and 432.99 "
-        "(last 100 games; ppo2: 409.27 ± 30.98), four Pong seeds at 20.57, 20.58, 20.90 and 20.02 (ppo2: 20.59 ± 0.40; "
-        "docs/results/atari10m), and float32 Pong seeds 1-2 (no `--bf16`) at 20.58 and 20.26.",
+        "(last 100 games; ppo2: 409.27 ± 30.98), five Pong seeds at 20.57, 20.58, 20.90, 20.02 and 20.41 (ppo2: "
+        "20.59 ± 0.40; docs/results/atari10m), and float32 Pong seeds 1-2 (no `--bf16`) at 20.58 and 20.26.",
     ),
     "atari-9": (
         "scale pixels to [0, 1]",
         "The network divides the uint8 observations by 255. Under `--bf16` it converts them to bfloat16 first (exact for "
-        "0–255) and divides there: the same bits as autocast's cast of the float32 quotient, at half the bytes.",
+        "0–255) and divides there: the same bits as autocast's cast of the float32 quotient, at half the bytes. Under "
+        "`--channels-last` the same line lays the frames out NHWC, once, as the weights are (the same bits).",
     ),
     "continuous-1": (
         "actions from a Normal distribution",
