@@ -1,4 +1,5 @@
 # Recurrent PPO on Atari (ppo2's cnn_lstm): Nature-CNN -> LSTM(128) -> heads, the 5 LSTM details. Parent: ppo_atari.py.
+import copy
 import importlib.util
 import netrc
 import os
@@ -307,6 +308,14 @@ class Agent(nn.Module):
         with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=self.bf16):  # speed: --bf16 (float32 output)
             return self.network(x / 255.0).float()
 
+    def rollout_copy(self):
+        """The agent the rollout acts with: itself, or with --bf16 a copy whose CNN weights are cast to bfloat16 once."""
+        if not self.bf16:
+            return self
+        policy = copy.deepcopy(self)
+        policy.network.to(torch.bfloat16)  # the bits autocast's cast gives, which it would redo in every forward pass
+        return policy
+
     def get_states(self, x, lstm_state, done):
         """Run time-major (T * n, ...) observations of n envs through the LSTM from `lstm_state`, step by step."""
         hidden = self.trunk(x)
@@ -351,7 +360,8 @@ def replay_minibatch(agent, b_obs, b_dones, b_actions, initial_lstm_state, mb_in
     # detail lstm-5: reconstruct the LSTM states from the state stored at the rollout's start (exact rollout distributions)
     mbenvinds = torch.as_tensor(mbenvinds, device=b_obs.device)
     mb_state = (initial_lstm_state[0][:, mbenvinds], initial_lstm_state[1][:, mbenvinds])
-    mb_obs = b_obs.index_select(0, mb_inds)  # speed: b_obs[mb_inds], gathered as whole rows (~7x faster)
+    # speed: b_obs[mb_inds] copied as whole rows (index_select, ~7x faster), in b_obs's layout (NCHW, or NHWC)
+    mb_obs = torch.index_select(b_obs, 0, mb_inds, out=torch.empty_like(b_obs[: len(mb_inds)]))
     return agent.get_action_and_value(mb_obs, mb_state, b_dones[mb_inds], b_actions[mb_inds])
 
 
@@ -455,6 +465,8 @@ def train(args, run):
     # ALGO Logic: Storage setup
     # observations stored as uint8, as ppo2 does (4x less memory than float32)
     obs = torch.zeros((args.num_steps, args.num_envs) + envs.single_observation_space.shape, dtype=torch.uint8).to(device)
+    if args.channels_last:  # speed: each frame stack stored NHWC, the layout the convolutions take (no reorder)
+        obs = obs.movedim(2, -1).contiguous().movedim(-1, 2)
     actions = torch.zeros((args.num_steps, args.num_envs) + envs.single_action_space.shape).to(device)
     logprobs = torch.zeros((args.num_steps, args.num_envs)).to(device)
     rewards = torch.zeros((args.num_steps, args.num_envs)).to(device)
@@ -478,6 +490,7 @@ def train(args, run):
         # detail lstm-5: store the LSTM state at the rollout's start, to replay the sequences in training
         initial_lstm_state = (next_lstm_state[0].clone(), next_lstm_state[1].clone())
 
+        policy = agent.rollout_copy()  # speed: --bf16 casts the CNN's weights here, once a rollout
         for step in range(args.num_steps):
             if run.stop.signum:  # Ctrl-C / SIGTERM: this rollout is dropped (the checkpoint is of the iteration before)
                 break
@@ -486,7 +499,7 @@ def train(args, run):
             dones[step] = next_done
 
             # ALGO LOGIC: action logic
-            action, logprobs[step], values[step], next_lstm_state = rollout_step(agent, next_obs, next_lstm_state, next_done)
+            action, logprobs[step], values[step], next_lstm_state = rollout_step(policy, next_obs, next_lstm_state, next_done)
             actions[step] = action
 
             # TRY NOT TO MODIFY: execute the game and log data.

@@ -1,7 +1,9 @@
 """--bf16 in the four Atari scripts: the CNN under bfloat16 autocast, everything from its output on in float32."""
 
 import copy
+import json
 import math
+import os
 
 import pytest
 import torch
@@ -91,6 +93,90 @@ def test_channels_last_frames_are_laid_out_once_to_the_same_bits(script):
         (ref * torch.linspace(-1, 1, ref.shape[-1])).sum().backward()
         for (name, p), q in zip(agent.network.named_parameters(), before.network.parameters()):
             assert torch.equal(p.grad, q.grad), (bf16, name)
+
+
+@pytest.mark.parametrize("script", ATARI)
+def test_the_bf16_rollout_copy_acts_to_the_bit_as_autocast_does(script):
+    """--bf16's rollout acts with a copy of the agent whose CNN weights were cast to bfloat16 once (autocast casts them
+    in every forward pass): the same actions, log-probabilities, entropies, values (and LSTM states) to the bit, NCHW
+    and NHWC; the heads (and the LSTM) stay float32, the agent itself is untouched; without --bf16, the agent itself."""
+    module = load_script(script)
+    envs = module.make_envs(module.Args(num_envs=2), "test")
+    envs.close()
+    lstm = script == "ppo_atari_lstm.py"
+    x = torch.randint(0, 256, (8,) + envs.single_observation_space.shape, dtype=torch.uint8)
+    state = (module.Agent(envs).initial_state(8), torch.tensor([0.0, 1.0] * 4)) if lstm else ()
+    torch.manual_seed(0)
+    plain = module.Agent(envs)
+    assert plain.rollout_copy() is plain
+    for channels_last in (False, True):
+        torch.manual_seed(0)
+        agent = module.Agent(envs, bf16=True)
+        if channels_last:  # what train does with --channels-last
+            agent = agent.to(memory_format=torch.channels_last)
+            agent.frames_format = torch.channels_last
+        weights = {name: p.detach().clone() for name, p in agent.named_parameters()}
+        policy = agent.rollout_copy()
+        assert policy is not agent and policy.bf16 and policy.frames_format == agent.frames_format
+        for name, p in policy.named_parameters():
+            assert p.dtype == (torch.bfloat16 if name.startswith("network.") else torch.float32), name
+            assert torch.equal(p, weights[name].to(p.dtype)), name  # autocast's own rounding for the CNN's
+        assert all(p.dtype == torch.float32 and torch.equal(p, weights[n]) for n, p in agent.named_parameters())
+        assert not {p.data_ptr() for p in policy.parameters()} & {p.data_ptr() for p in agent.parameters()}
+        if channels_last:
+            assert policy.network[0].weight.is_contiguous(memory_format=torch.channels_last)
+        outputs = []
+        for net in (agent, policy):
+            torch.manual_seed(1)  # the same draws for the sampled actions
+            with torch.inference_mode():
+                outputs.append(net.get_action_and_value(x, *state))
+        flat = [[t for out in outs for t in (out if isinstance(out, tuple) else (out,))] for outs in outputs]
+        assert len(flat[0]) == (6 if lstm else 4)
+        for a, b in zip(*flat):
+            assert a.dtype == b.dtype and torch.equal(a, b), channels_last
+
+
+# records what reaches Agent.trunk in a run of the script: inference mode, grad mode, batch, dtype, layouts, CNN dtype
+TRUNK_RECORDER = """
+import importlib.util, json, sys, torch
+spec = importlib.util.spec_from_file_location("script", sys.argv[1])
+module = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(module)
+trunk = module.Agent.trunk
+def recording_trunk(self, x):
+    modes = torch.is_inference_mode_enabled(), torch.is_grad_enabled()
+    layouts = x.is_contiguous(memory_format=torch.channels_last), x.is_contiguous()
+    with open("trunk.jsonl", "a") as f:
+        f.write(json.dumps([*modes, len(x), str(x.dtype), *layouts, str(self.network[0].weight.dtype)]) + "\\n")
+    return trunk(self, x)
+module.Agent.trunk = recording_trunk
+sys.argv = sys.argv[1:]
+module.main()
+"""
+
+
+@pytest.mark.parametrize("script", ATARI)
+def test_channels_last_stores_the_frames_nhwc_and_bf16_acts_with_the_cast_copy(script, tmp_path):
+    """In a run of the script: with --channels-last each update minibatch reaches the network as NHWC uint8 frames
+    (stored so, gathered so: trunk's layout change has nothing to reorder); with --bf16 every rollout step acts with
+    bfloat16 CNN weights (the cast copy) and every update pass with the float32 agent. Without them: NCHW, float32."""
+    driver = tmp_path / "record_trunk.py"
+    driver.write_text(TRUNK_RECORDER)
+    one_frame = load_script(script).Args().frame_stack == 1  # the LSTM's: NCHW and NHWC are then the same layout
+    for flags in ([], ["--channels-last"] + (["--bf16"] if native_bf16() else [])):
+        folder = tmp_path / ("fast" if flags else "default")
+        folder.mkdir()
+        res = run_python(driver, ROOT / script, *TINY, *flags, cwd=folder, env={**os.environ, **ONE_THREAD})
+        assert res.returncode == 0, res.stderr[-2000:]
+        seen = [json.loads(line) for line in (folder / "trunk.jsonl").read_text().splitlines()]
+        rollout, update = [s for s in seen if s[0]], [s for s in seen if s[1]]
+        assert len(rollout) == 2 * 32 and {s[2] for s in rollout} == {2}  # 2 iterations x 32 steps, of the 2 envs
+        assert len(update) == 2 * 4 * 2 and {s[2] for s in update} == {32}  # x 4 epochs x 2 minibatches of 32
+        assert {s[3] for s in seen} == {"torch.uint8"}
+        channels_last, bf16 = "--channels-last" in flags, "--bf16" in flags
+        assert {tuple(s[4:6]) for s in update} == {(channels_last or one_frame, not channels_last or one_frame)}
+        assert {s[6] for s in update} == {"torch.float32"}  # the agent itself (under autocast with --bf16)
+        assert {s[6] for s in rollout} == {"torch.bfloat16" if bf16 else "torch.float32"}
 
 
 @needs_bf16

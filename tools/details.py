@@ -119,7 +119,9 @@ DETAILS = {
         "One Nature-DQN trunk (3 conv layers + 512-unit linear) feeds both the policy and the value head. "
         "`--bf16` (a speed option, off by default) runs this trunk under bfloat16 autocast, forward and backward; its "
         "output, the heads, log-softmax, the ratio, the loss, GAE and the value targets, the weights and Adam's state "
-        "stay float32. Only rounding changes: on Breakout the first minibatch's |ratio − 1| is at most 1.5e-5 "
+        "stay float32; the rollout acts with a copy whose CNN weights are cast to bfloat16 once a rollout (the same "
+        "bits as autocast's casts at every step). Only rounding changes: on Breakout the first minibatch's |ratio − 1| "
+        "is at most 1.5e-5 "
         "(float32: 4.8e-7; `python benchmark/first_ratio.py ppo_atari_envpool.py --bf16`), its gradient within 3–6% of "
         "float32's (`benchmark/bf16_gradients.py`). Over 1M Breakout steps it ended 3.5 points lower, within seed noise "
         "(16.07 ± 1.90 against float32's 19.61 ± 2.17, 3 seeds each, p 0.16; benchmark/RESULTS.md). At the published "
@@ -131,7 +133,8 @@ DETAILS = {
         "scale pixels to [0, 1]",
         "The network divides the uint8 observations by 255. Under `--bf16` it converts them to bfloat16 first (exact for "
         "0–255) and divides there: the same bits as autocast's cast of the float32 quotient, at half the bytes. Under "
-        "`--channels-last` the same line lays the frames out NHWC, once, as the weights are (the same bits).",
+        "`--channels-last` the rollout's storage holds the frames NHWC, as the weights are, and the same line lays out each "
+        "new step's frames so (the same bits).",
     ),
     "continuous-1": (
         "actions from a Normal distribution",
