@@ -1,18 +1,18 @@
 # PPO on Atari with the gradient update parallelized over processes (aux-2, torch.distributed). Parent: ppo_atari.py.
 # One process: python ppo_atari_multigpu.py. K processes on one machine: torchrun --standalone --nproc_per_node K
 # ppo_atari_multigpu.py. Each rank steps num_envs / K envs; gradients are averaged over the ranks before each step.
+import atexit
+import contextlib
 import copy
-import importlib.util
-import json
-import netrc
+import glob
+import itertools
+import math
 import os
-import pickle
 import random
 import signal
 import sys
-import tempfile
 import time
-import urllib.parse
+import types
 from dataclasses import asdict, dataclass
 
 import ale_py
@@ -127,12 +127,21 @@ class Args:
     """the target KL: the update's remaining epochs are skipped once an epoch's last minibatch exceeds it (aux-3)"""
 
     # to be filled in runtime
-    batch_size: int = 0
+    batch_size: tyro.conf.Suppress[int] = 0
     """the batch size (computed in runtime)"""
-    minibatch_size: int = 0
+    minibatch_size: tyro.conf.Suppress[int] = 0
     """the mini-batch size (computed in runtime)"""
-    num_iterations: int = 0
+    num_iterations: tyro.conf.Suppress[int] = 0
     """the number of iterations (computed in runtime)"""
+
+    def __post_init__(self):  # tyro shows a ValueError from here as a command-line error, before anything starts
+        above_0 = {"total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs", "max_grad_norm"}
+        above_0 |= {"adam_eps", "target_kl", "eval_episodes", "frame_stack", "max_episode_frames"}
+        for field, value in vars(self).items():  # every number finite and at least 0 (NaN is refused too), those above 0
+            if isinstance(value, int | float) and not isinstance(value, bool):
+                if not (math.isfinite(value) and (value > 0 if field in above_0 else value >= 0)):
+                    rule = "above 0" if field in above_0 else "at least 0"
+                    raise ValueError(f"--{field.replace('_', '-')} {value} is not allowed: it must be a finite number {rule}")
 
 
 class NoopResetEnv(gym.Wrapper):
@@ -408,20 +417,20 @@ def mean_over_ranks(x):
     return x
 
 
-def train(args, run):
-    """The PPO loop, CleanRL's order; `run` (below the fence) does the plumbing: checks, logs, resume, stop, checkpoints."""
-    rank, world_size, device = run.rank, run.world_size, run.device  # torchrun's (setup_distributed, below the fence)
+def train(args):
+    """The PPO loop in CleanRL's order; what it calls for the run's folder, logs, checkpoints and Ctrl-C is below the fence."""
+    rank, world_size, device = setup_distributed(args)  # torchrun's ranks and their process group; else one process
     local_num_envs = args.num_envs // world_size
     # TRY NOT TO MODIFY: seeding (each rank its own seed; rank 0's initial parameters are sent to all)
     random.seed(args.seed + rank)
     np.random.seed(args.seed + rank)
     torch.manual_seed(args.seed + rank)
     torch.backends.cudnn.deterministic = args.torch_deterministic
+    checkpoint = load_checkpoint(args.resume) if args.resume else None  # --resume: the run to continue
+    run_name, run_dir, videos = open_run(args, checkpoint, rank)  # rank 0's new folder (or the resumed run's)
 
     # env setup
-    envs = run.check_env(
-        make_envs(args, run.name, num_envs=local_num_envs)
-    )  # one line naming the script to use, if this one cannot take them
+    envs = make_envs(args, videos, num_envs=local_num_envs)
 
     agent = Agent(envs, args.bf16).to(device)
     if not args.orthogonal_init:  # core-2 switched off: PyTorch's own init
@@ -432,9 +441,12 @@ def train(args, run):
     for param in agent.parameters() if world_size > 1 else []:
         dist.broadcast(param.data, src=0)
     optimizer = make_optimizer(agent, args)
-    start_iteration = run.restore(agent, optimizer)  # --resume: the weights, Adam's state and the RNG states
+    start_iteration = restore(checkpoint, agent, optimizer, envs) if checkpoint else 1  # weights, Adam, RNGs
+    if checkpoint and world_size > 1:  # the checkpoint holds rank 0's generators: each rank draws its own stream again
+        torch.manual_seed(int(torch.randint(2**31 - 1, ())) + rank)
     global_step = (start_iteration - 1) * args.batch_size
-    writer = run.open_writer()  # TensorBoard in runs/{run_name} (+ wandb with --track); a resumed run's curves go on
+    writer = open_logs(args, run_name, run_dir, checkpoint) if rank == 0 else NullWriter()  # rank 0 logs
+    stop = catch_signals()  # Ctrl-C / SIGTERM: the run stops after the current iteration, with a checkpoint
 
     # ALGO Logic: Storage setup
     # observations stored as uint8, as ppo2 does (4x less memory than float32)
@@ -449,11 +461,11 @@ def train(args, run):
 
     # TRY NOT TO MODIFY: start the game
     start_time, start_step, last_print, recent_returns = time.time(), global_step, 0.0, []
-    next_obs, _ = envs.reset(seed=run.env_seed() + rank * local_num_envs)  # --seed; on resume a seed drawn now
+    next_obs, _ = envs.reset(seed=(int(np.random.randint(2**31 - 1)) if checkpoint else args.seed) + rank * local_num_envs)
     next_obs = torch.as_tensor(next_obs, device=device)
     next_done = torch.zeros(local_num_envs).to(device)
 
-    for iteration in run.iterations(start_iteration, device):  # ends early after Ctrl-C / SIGTERM
+    for iteration in range(start_iteration, args.num_iterations + 1):
         # detail core-4: learning-rate annealing, linearly from lr to 0 over the iterations
         frac = 1.0 - (iteration - 1.0) / args.num_iterations
         if args.anneal_lr:
@@ -463,8 +475,6 @@ def train(args, run):
 
         policy = agent.rollout_copy()  # speed: --bf16 casts the CNN's weights here, once a rollout
         for step in range(args.num_steps):
-            if run.stop.signum:  # Ctrl-C / SIGTERM: this rollout is dropped (the checkpoint is of the iteration before)
-                break
             global_step += args.num_envs
             obs[step] = next_obs
             dones[step] = next_done
@@ -488,8 +498,6 @@ def train(args, run):
                     writer.add_scalar("charts/episodic_return", r, global_step)
                     writer.add_scalar("charts/episodic_length", length, global_step)
                     recent_returns = (recent_returns + [float(r)])[-20:]
-        if run.stopping():  # a stop request: no update from a partial rollout
-            break
 
         # bootstrap value if not done
         with torch.no_grad():
@@ -557,962 +565,303 @@ def train(args, run):
                 f"step {global_step}/{args.num_iterations * args.batch_size} | return {recent} (last 20) | SPS {sps}",
                 flush=True,
             )
-        run.iteration_done(iteration, agent, optimizer)  # --save-model: a checkpoint every --save-every iterations
+        upload_videos(args, videos, global_step)  # --capture-video --track: the videos finished since, to wandb
 
-    run.save_if_stopped(agent, optimizer)  # after Ctrl-C / SIGTERM: the last whole iteration, to continue with --resume
+        stopping = all_ranks_stop(stop, world_size, device)  # a signal seen by any rank stops them all here
+        at_save_point = iteration == args.num_iterations or args.save_every and iteration % args.save_every == 0
+        if rank == 0 and (stopping or args.save_model and at_save_point):  # --save-model; after a signal in any case
+            save_checkpoint(f"{run_dir}/checkpoint.pt", agent, optimizer, envs, args, run_name, iteration)
+        if stopping:
+            break
     envs.close()
     writer.close()
+    close_distributed(agent, rank, world_size, stopping)  # all ranks' parameters compared, the process group ended
+    finish(stop, f"{run_dir}/checkpoint.pt", global_step)  # after Ctrl-C / SIGTERM: how to go on; exit 128 + signal
 
 
 # ==== plumbing, not PPO: checks, checkpoints, resume, signals, evaluation ====
 # this script's own plumbing; the rest of this section is the same in every script (tools/lineage.py --check-shared)
-OWN_PLUMBING = ["check_args", "check_env", "evaluate", "setup_distributed", "all_ranks_stop", "NullWriter", "main"]
-OWN_PLUMBING += ["start", "exit_once", "other_workers"]
-OWN_PLUMBING += ["Run.__init__", "Run.restore", "Run.open_writer", "Run.stopping", "Run.save", "Run.finish"]
+OWN_PLUMBING = ["check_args", "bf16_native", "evaluate", "setup_distributed", "all_ranks_stop"]
+OWN_PLUMBING += ["NullWriter", "close_distributed", "open_run", "main"]
 
-
-# the domain of each numeric flag, checked before anything starts: (field, test, what is allowed); NaN fails every test
-FLAG_DOMAINS = [
-    ("seed", lambda v: 0 <= v < 2**32, "an integer in [0, 2**32)"),
-    ("total_timesteps", lambda v: 1 <= v < 2**63, "in [1, 2**63) (TensorBoard's steps are int64)"),
-    ("num_envs", lambda v: v >= 1, "at least 1"),
-    ("num_steps", lambda v: v >= 1, "at least 1"),
-    ("num_minibatches", lambda v: v >= 1, "at least 1"),
-    ("update_epochs", lambda v: v >= 1, "at least 1"),
-    ("learning_rate", lambda v: v >= 0, "at least 0"),
-    ("gamma", lambda v: 0 <= v <= 1, "in [0, 1]"),
-    ("gae_lambda", lambda v: 0 <= v <= 1, "in [0, 1]"),
-    ("clip_coef", lambda v: v >= 0, "at least 0"),
-    ("ent_coef", lambda v: v >= 0, "at least 0"),
-    ("vf_coef", lambda v: v >= 0, "at least 0"),
-    ("max_grad_norm", lambda v: v > 0, "above 0"),
-    ("adam_eps", lambda v: v > 0, "above 0 (ppo2: 1e-5)"),
-    ("noop_max", lambda v: v >= 0, "at least 0 (0: no no-op frames)"),
-    ("target_kl", lambda v: v is None or v > 0, "above 0 (or left out: no early stopping)"),
-    ("torch_threads", lambda v: 0 <= v <= (os.cpu_count() or 1), f"in [0, {os.cpu_count() or 1}], the CPUs (0: torch's)"),
-    ("save_every", lambda v: v >= 0, "at least 0 (0: a checkpoint only at the end)"),
-    ("eval_episodes", lambda v: v >= 1, "at least 1"),
-    ("max_episode_frames", lambda v: v is None or 1 <= v < 2**31, "in [1, 2**31), ALE's int (or left out: ppo2's, 400000)"),
-    ("frame_stack", lambda v: v >= 1, "at least 1"),
-]
-
-
-def domain_error(args):
-    """A one-line error for the first flag outside its domain (the flag, its value, what is allowed), else None."""
-    for field, ok, allowed in FLAG_DOMAINS:
-        if hasattr(args, field) and not ok(getattr(args, field)):
-            return f"--{field.replace('_', '-')} {getattr(args, field)} is not allowed: it must be {allowed}"
-    for field, value in vars(args).items():  # inf in any float flag: the losses would turn into NaN
-        if isinstance(value, float) and not np.isfinite(value):
-            return f"--{field.replace('_', '-')} {value} is not allowed: it must be a finite number"
-    return None
-
-
-def limits_error(args):
-    """A one-line error for settings past what the backends take (a name wandb refuses, a name that makes no run folder,
-    a rollout larger than the memory), else None; an evaluation stores no rollout, a resumed run keeps its folder."""
-    if args.track and (len(args.wandb_project_name) > 128 or set("/\\#?%:") & set(args.wandb_project_name)):
-        name = args.wandb_project_name
-        return f"--wandb-project-name {name!r} is not allowed: wandb takes at most 128 characters, none of /\\#?%:"
-    for tag in args.wandb_tags if args.track else ():
-        if not 1 <= len(tag) <= 64:
-            return f"--wandb-tags {tag!r} is not allowed: wandb takes tags of 1 to 64 characters"
-    if args.eval_checkpoint:
-        return None
-    folder = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}".split("/")[-1]  # the run's folder name
-    bad_name = not args.exp_name or "/" in args.exp_name or not args.exp_name.isprintable() or len(folder.encode()) > 255
-    if bad_name and not args.resume:
-        return (
-            f"--exp-name {args.exp_name!r} is not allowed: it names the run's folder <env_id>__<exp_name>__<seed>__<time>, "
-            "so it must be printable, without '/', and keep that name within 255 bytes"
-        )
-    # per env step: Atari's uint8 frames (others' observations are counted once the envs are made), the action, 6 floats
-    return memory_error(args, (args.frame_stack * 84 * 84 if hasattr(args, "frame_stack") else 0) + 4 + 24)
-
-
-def memory_error(args, per_step):
-    """A one-line error when the rollout's storage, num_steps x num_envs x `per_step` bytes, is larger than the memory
-    available for it (with --cuda the GPU's, torchrun's ranks a GPU each; else the RAM's), else None. The envs, the network
-    and the update take more on top: this refuses what cannot fit, before anything starts."""
-    need, ranks = args.num_steps * args.num_envs * per_step, os.environ.get("WORLD_SIZE", "1")
-    if args.cuda and torch.cuda.is_available():
-        local_rank = int(os.environ.get("LOCAL_RANK", "0")) if os.environ.get("LOCAL_RANK", "0").isdigit() else 0
-        need //= max(int(ranks), 1) if ranks.isdigit() else 1  # the envs split over the ranks' GPUs
-        free, where = torch.cuda.mem_get_info(local_rank % torch.cuda.device_count())[0], "GPU memory"
-    else:
-        free, where = available_ram(), "RAM"
-    if free is not None and need > free:
-        return (
-            f"the rollout needs {need / 2**30:.1f} GiB of {where} (--num-steps {args.num_steps} x --num-envs {args.num_envs} "
-            f"x {per_step} bytes) but {free / 2**30:.1f} GiB is available; lower --num-steps or --num-envs"
-        )
-    return None
-
-
-def available_ram():
-    """Bytes of RAM available (Linux: MemAvailable, within a container's cgroup limit; elsewhere all RAM), None if unknown."""
-    try:
-        with open("/proc/meminfo", encoding="utf-8") as f:
-            free = next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
-    except (OSError, StopIteration, ValueError):
-        try:
-            return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-        except (AttributeError, OSError, ValueError):  # no sysconf (Windows)
-            return None
-    try:
-        with open("/sys/fs/cgroup/memory.max", encoding="utf-8") as f, open("/sys/fs/cgroup/memory.current") as g:
-            limit = f.read().strip()
-            free = free if limit == "max" else min(free, int(limit) - int(g.read()))
-    except (OSError, ValueError):  # not in a cgroup v2 container
-        pass
-    return free
-
-
-def step_bytes(envs):
-    """Bytes the rollout stores per env step (a lower bound): the observation (uint8 images as uint8, others as float32),
-    the action and 6 floats (log-prob, reward, done, value, advantage, return); MicroRTS's masks are not counted."""
-    obs, action = envs.single_observation_space, envs.single_action_space
-    image = obs.dtype == np.uint8 and len(obs.shape) == 3
-    return int(np.prod(obs.shape)) * (1 if image else 4) + 4 * int(np.prod(action.shape)) + 24
-
-
-def missing_piece_error(args):
-    """A one-line error naming what to install or set for an optional piece the flags ask for, else None."""
-    if getattr(args, "bf16", False) and not args.eval_checkpoint and bf16_error(args):  # an evaluation plays in float32
-        return bf16_error(args)
-    if args.capture_video and importlib.util.find_spec("moviepy") is None:
-        return "--capture-video needs moviepy to encode the videos: pip install moviepy==2.2.1 (as in requirements.txt)"
-    if args.track and os.environ.get("WANDB_MODE", "").lower() not in ("offline", "disabled", "dryrun"):
-        if importlib.util.find_spec("wandb") is None:
-            return "--track needs wandb: pip install wandb==0.31.0 (as in requirements.txt)"
-        host = urllib.parse.urlparse(os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")).hostname
-        try:
-            logged_in = netrc.netrc(os.environ.get("NETRC")).authenticators(host) is not None
-        except (OSError, netrc.NetrcParseError):
-            logged_in = False
-        if not (os.environ.get("WANDB_API_KEY") or logged_in):
-            return "--track needs wandb credentials: run `wandb login` or set WANDB_API_KEY; or set WANDB_MODE=offline"
-    return None
-
-
-def bf16_error(args):
-    """--bf16 where bfloat16 is not native (emulated: slower than float32), a one-line error; else None. A resumed run
-    has --bf16 from its checkpoint: the fix is then --no-bf16 (it goes on in float32) or a machine that has bf16."""
-    fix = "resume with --no-bf16 (float32 from here on) or where bf16 is native" if args.resume else "drop --bf16"
-    if args.cuda and torch.cuda.is_available():
-        return None if torch.cuda.is_bf16_supported() else f"--bf16: this GPU has no bfloat16 support; {fix}"
-    if cpu_flags() & {"avx512_bf16", "amx_bf16", "bf16"}:  # x86's AVX512-BF16 or AMX-BF16, Arm's BF16
-        return None
-    return (
-        "--bf16 needs a CPU with AVX512-BF16 or AMX-BF16 (or a GPU): this one has neither, and emulated bfloat16 is "
-        f"slower than float32; {fix} (--channels-last alone is the same math, faster)"
-    )
-
-
-def cpu_flags():
-    """The CPU's feature flags (/proc/cpuinfo's 'flags' on x86, 'Features' on Arm); empty where it cannot be read."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            return {w for line in f if line.startswith(("flags", "Features")) for w in line.split(":", 1)[1].split()}
-    except OSError:
-        return set()
+# with --resume, these flags may be given; any other flag must keep the run's value (it would change what is learned)
+RESUME_MAY_CHANGE = ["cuda", "torch_threads", "channels_last", "bf16", "track", "wandb_project_name", "wandb_entity"]
+RESUME_MAY_CHANGE += ["wandb_group", "wandb_tags", "capture_video", "save_model", "save_every", "resume", "total_timesteps"]
+UPLOADED = set()  # the videos sent to wandb (upload_videos)
 
 
 def check_args(args):
-    """Fill the computed fields; return a one-line error for settings that cannot train, else None."""
-    batch_size = int(args.num_envs * args.num_steps)
-    computed = {"batch_size": batch_size, "minibatch_size": int(batch_size // max(args.num_minibatches, 1))}
-    computed["num_iterations"] = args.total_timesteps // max(batch_size, 1)
-    for field, value in computed.items():
-        if getattr(args, field) not in (0, value):  # given on the command line: it would be silently overwritten
-            return f"--{field.replace('_', '-')} is computed from the other flags ({value} here), not set; drop it"
-        setattr(args, field, value)
-    error = domain_error(args) or limits_error(args) or missing_piece_error(args)
-    if error:
-        return error
+    """Fill the computed fields; return one line for settings that cannot train, else None (Args checks each flag)."""
+    args.batch_size = int(args.num_envs * args.num_steps)
+    args.minibatch_size = int(args.batch_size // args.num_minibatches)
+    args.num_iterations = args.total_timesteps // args.batch_size
     if args.batch_size % args.num_minibatches != 0:
-        return (
-            f"--num-minibatches {args.num_minibatches} does not divide the batch of {args.batch_size} "
-            f"(num_envs {args.num_envs} x num_steps {args.num_steps}); pick a divisor of {args.batch_size}"
-        )
+        return f"--num-minibatches {args.num_minibatches} does not divide the batch ({args.batch_size}); pick a divisor of it"
+    world_size = int(os.environ.get("WORLD_SIZE", 1))  # torchrun's ranks
+    if args.num_envs % world_size or (args.num_envs // world_size * args.num_steps) % args.num_minibatches:
+        return f"--num-envs {args.num_envs} must split evenly over {world_size} ranks, each rank's batch over the minibatches"
     if args.total_timesteps < args.batch_size:
-        return (
-            f"--total-timesteps {args.total_timesteps} is smaller than one batch ({args.batch_size} = "
-            f"num_envs x num_steps); raise it to at least {args.batch_size}"
-        )
-    try:
-        gym.spec(args.env_id)
-    except gym.error.Error:
-        return (
-            f"unknown environment id '{args.env_id}' (not registered in gymnasium); check its name and version "
-            "(Atari ids run with ppo_atari.py, MuJoCo ones with ppo_continuous_action.py)"
-        )
-    atari = args.env_id.endswith("NoFrameskip-v4") or (args.env_id.startswith("ALE/") and args.env_id.endswith("-v5"))
-    if not atari or gym.spec(args.env_id).entry_point != "ale_py.env:AtariEnv":
+        return f"--total-timesteps {args.total_timesteps} is below one batch ({args.batch_size}); raise it to at least that"
+    if not (args.env_id.endswith("NoFrameskip-v4") or args.env_id.startswith("ALE/")):
         return f"{os.path.basename(__file__)} needs an Atari id, <Game>NoFrameskip-v4 or ALE/<Game>-v5, not '{args.env_id}'"
-    frames = game_frames(args.env_id, args.max_episode_frames)  # more no-ops than a game's frames: resets that never end
-    if args.noop_max >= frames:
-        return f"--noop-max {args.noop_max} is not allowed: it must be below a game's {frames} frames (--max-episode-frames)"
+    if args.bf16 and not args.eval_checkpoint and not bf16_native(args):  # an evaluation plays in float32
+        return "--bf16 needs native bfloat16 (AVX512-BF16 or AMX, or such a GPU): emulated, it is slower than float32; drop it"
     return None
 
 
-def check_env(envs):
-    """Return a one-line error when this script cannot handle the environment, else None."""
-    if not isinstance(envs.single_action_space, gym.spaces.Discrete):
-        return (
-            f"{os.path.basename(__file__)} needs a Discrete action space, but the environment has "
-            f"{envs.single_action_space}; for Box (continuous) actions use ppo_continuous_action.py"
-        )
-    return None
+def bf16_native(args):
+    """Whether bfloat16 is native here, on the GPU or in the CPU (AVX512-BF16, AMX): emulated, it is slower than float32."""
+    if args.cuda and torch.cuda.is_available():
+        return torch.cuda.is_bf16_supported(including_emulation=False)
+    return torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
+
+
+def open_run(args, checkpoint, rank):
+    """(run_name, folder, videos) as in the other scripts, the folder made by rank 0: the others take its name and record
+    no videos (all ranks' files would have one name)."""
+    if checkpoint:
+        name = checkpoint["run_name"]
+        return name, os.path.dirname(args.resume) or ".", f"{name}/resumed-{checkpoint['iteration'] + 1}"
+    names = [None]
+    if (
+        rank == 0
+    ):  # runs/{env_id}__{exp_name}__{seed}__{unix time}, taken with os.mkdir (atomic): a sweep's runs each their own
+        os.makedirs(os.path.dirname(f"runs/{args.env_id}"), exist_ok=True)
+        for stamp in itertools.count(int(time.time())):
+            names[0] = f"{args.env_id}__{args.exp_name}__{args.seed}__{stamp}"
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(f"runs/{names[0]}")
+                break
+        atexit.register(lambda: os.listdir(f"runs/{names[0]}") or os.rmdir(f"runs/{names[0]}"))  # failed before it began
+    if dist.is_initialized():
+        dist.broadcast_object_list(names, src=0)
+    args.capture_video = args.capture_video and rank == 0
+    return names[0], f"runs/{names[0]}", names[0]
+
+
+def open_logs(args, run_name, run_dir, checkpoint):
+    """wandb with --track, then TensorBoard; a resumed run's curves go on from its checkpoint (later points purged)."""
+    step = checkpoint["global_step"] if checkpoint else 0
+    if args.track:  # a resumed run goes on in the same wandb run
+        wandb = wandb_init(args, sync_tensorboard=True, name=run_name, id=(checkpoint or {}).get("wandb_id"))
+        wandb.define_metric("videos", step_metric="global_step")  # at the step their episode ended
+    writer = SummaryWriter(run_dir, purge_step=step + 1 if checkpoint else None)
+    atexit.register(writer.close)  # an exit on an error keeps what was logged
+    table = "\n".join([f"|{key}|{value}|" for key, value in vars(args).items()])  # each segment's settings, at its start
+    writer.add_text("hyperparameters", f"|param|value|\n|-|-|\n{table}", global_step=step)
+    print(f"training {run_name} from step {step} to {args.num_iterations * args.batch_size}", flush=True)
+    return writer
+
+
+def wandb_init(args, **kwargs):
+    """wandb.init with the wandb flags and the script's code; one line naming the fix without credentials."""
+    import wandb
+
+    kwargs = {"project": args.wandb_project_name, "entity": args.wandb_entity, "group": args.wandb_group, **kwargs}
+    code = wandb.Settings(
+        save_code=True, program_abspath=os.path.abspath(__file__), program_relpath=os.path.basename(__file__)
+    )
+    try:
+        wandb.init(**{"config": vars(args), **kwargs}, tags=list(args.wandb_tags) or None, resume="allow", settings=code)
+    except wandb.errors.UsageError as e:
+        sys.exit(f"error: --track: {e} Or set WANDB_API_KEY, or WANDB_MODE=offline to sync later")
+    return wandb
+
+
+def upload_videos(args, videos, step):
+    """--capture-video --track: the videos written since the last call, to wandb at `step` (global step, or episode)."""
+    if args.track and args.capture_video:
+        import wandb
+
+        for path in sorted(set(glob.glob(f"videos/{videos}/*.mp4")) - UPLOADED, key=os.path.getmtime):
+            wandb.log({"videos": wandb.Video(path, format="mp4"), **step})
+            UPLOADED.add(path)
+
+
+def catch_signals():
+    """Ctrl-C or SIGTERM sets `stop.requested` (the signal): the run stops after this iteration; a second one: at once."""
+    stop = types.SimpleNamespace(requested=0)
+
+    def handler(signum, frame):
+        if stop.requested:
+            raise KeyboardInterrupt
+        stop.requested = signum
+        print(f"\n{signal.Signals(signum).name}: stopping after this iteration, with a checkpoint (again: now)", flush=True)
+
+    signal.signal(signal.SIGINT, handler)
+    signal.signal(signal.SIGTERM, handler)
+    return stop
+
+
+def save_checkpoint(path, agent, optimizer, envs, args, run_name, iteration):
+    """Write the state after `iteration` to a temporary file, then rename it: the previous one stays whole until then."""
+    np_state = np.random.get_state()  # the RNG states as tensors and plain types: loadable with weights_only=True
+    rng = {"python": random.getstate(), "numpy": [np_state[0], torch.from_numpy(np_state[1].copy()), *np_state[2:]]}
+    rng |= {"torch": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}
+    checkpoint = {"script": os.path.basename(__file__), "model": agent.state_dict(), "optimizer": optimizer.state_dict()}
+    checkpoint |= {"args": asdict(args), "run_name": run_name, "iteration": iteration, "rng": rng}
+    checkpoint |= {"global_step": iteration * args.batch_size, "wandb_id": sys.modules["wandb"].run.id if args.track else None}
+    checkpoint["normalize"] = envs.state_dict() if hasattr(envs, "state_dict") else None  # VecNormalize's statistics
+    tmp = f"{path}.tmp{os.getpid()}"
+    try:
+        torch.save(checkpoint, tmp)
+        os.replace(tmp, path)
+    except (OSError, RuntimeError) as e:  # a full disk, a read-only folder (torch says RuntimeError): one line
+        sys.exit(f"error: cannot write the checkpoint {path} ({str(e).strip().splitlines()[0]}); the previous one stays")
+    finally:
+        if os.path.exists(tmp):  # after a failed write, or a second Ctrl-C during it
+            os.remove(tmp)
+
+
+def load_checkpoint(path):
+    """A checkpoint of this script, loaded as tensors and plain types only (a file cannot run code); one line if not."""
+    try:
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # no such file, not a checkpoint, cut short, or holding code (refused by weights_only)
+        sys.exit(f"error: cannot load the checkpoint {path}: {(str(e).strip().splitlines() or [type(e).__name__])[0]}")
+    script = checkpoint.get("script") if isinstance(checkpoint, dict) else None
+    if script != os.path.basename(__file__):
+        sys.exit(f"error: {path} is not a checkpoint of {os.path.basename(__file__)}" + f" but of {script}" * bool(script))
+    return checkpoint
+
+
+def restore(checkpoint, agent, optimizer, envs):
+    """--resume: the weights, Adam's state, the RNG states (and VecNormalize's) loaded; returns the next iteration."""
+    agent.load_state_dict(checkpoint["model"])
+    optimizer.load_state_dict(checkpoint["optimizer"])
+    if checkpoint.get("normalize"):
+        envs.load_state_dict(checkpoint["normalize"])
+    random.setstate(checkpoint["rng"]["python"])
+    np.random.set_state(tuple(np.asarray(s) if torch.is_tensor(s) else s for s in checkpoint["rng"]["numpy"]))
+    torch.set_rng_state(checkpoint["rng"]["torch"])
+    if checkpoint["rng"]["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(checkpoint["rng"]["cuda"])
+    return checkpoint["iteration"] + 1
+
+
+def resume_args(cli, checkpoint):
+    """The run's own settings, but for the RESUME_MAY_CHANGE flags given now; one line if another flag would differ."""
+    args = Args(**{k: v for k, v in checkpoint["args"].items() if k in Args.__dataclass_fields__})
+    given = {a[2:].split("=")[0].replace("-", "_") for a in sys.argv[1:] if a.startswith("--")}
+    given = {f if f in Args.__dataclass_fields__ else f.removeprefix("no_") for f in given} & Args.__dataclass_fields__.keys()
+    changed = [f for f in sorted(given - set(RESUME_MAY_CHANGE)) if getattr(cli, f) != getattr(args, f)]
+    if changed:
+        said = ", ".join(f"--{f.replace('_', '-')} {getattr(cli, f)} (the run's: {getattr(args, f)})" for f in changed)
+        sys.exit(f"error: {said}: a resumed run keeps the settings it learned with; drop them, or start a new run")
+    for field in given & set(RESUME_MAY_CHANGE):
+        setattr(args, field, getattr(cli, field))
+    return args
+
+
+def finish(stop, checkpoint_path, global_step):
+    """After Ctrl-C / SIGTERM: how to go on, then exit with 128 + the signal (wandb notes it)."""
+    if stop.requested:
+        print(f"stopped at step {global_step}; go on with: python {os.path.basename(__file__)} --resume {checkpoint_path}")
+        sys.exit(128 + stop.requested)
 
 
 def setup_distributed(args):
-    """(rank, world size, device, error): torchrun sets RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, LOCAL_RANK and
-    LOCAL_WORLD_SIZE; with none of the first four a plain run is rank 0 of 1. The process group is made once all is checked."""
-    names = "RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK", "LOCAL_WORLD_SIZE"
-    env = {k: os.environ[k] for k in names if k in os.environ}
-    numbers = all(v.isdigit() for k, v in env.items() if k != "MASTER_ADDR")
-    if not numbers or 0 < len(set(env) & set(names[:4])) < 4 or int(env.get("RANK", 0)) >= int(env.get("WORLD_SIZE", 1)):
-        said = ", ".join(f"{k}={v!r}" for k, v in env.items())
-        return 0, 1, None, f"a half-set distributed environment ({said}): start with torchrun, or unset them for one process"
+    """(rank, world size, device): under torchrun a process group over its ranks (gloo on CPUs, nccl on GPUs, a GPU a
+    rank), also for one rank; without torchrun one process, rank 0 of 1."""
     rank, world_size, local_rank = (int(os.environ.get(k, d)) for k, d in (("RANK", 0), ("WORLD_SIZE", 1), ("LOCAL_RANK", 0)))
-    local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", local_rank + 1))  # the same on every rank of the machine
-    use_cuda, gpus = torch.cuda.is_available() and args.cuda, torch.cuda.device_count()
+    use_cuda = torch.cuda.is_available() and args.cuda
     device = torch.device(f"cuda:{local_rank}" if use_cuda else "cpu")
-    error = None
-    if use_cuda and local_world_size > gpus:
-        error = f"more ranks on this machine than its {gpus} GPU(s): use --nproc_per_node {gpus}, or --no-cuda (gloo on CPUs)"
-    elif args.num_envs % world_size or (args.num_envs // world_size * args.num_steps) % args.num_minibatches:
-        error = f"--num-envs {args.num_envs} must split evenly over {world_size} ranks, each rank's batch over the minibatches"
-    elif args.seed + world_size > 2**32:  # numpy's seeds are below 2**32
-        error = f"--seed {args.seed} is not allowed with {world_size} ranks: rank k seeds numpy with seed + k, below 2**32"
-    elif "MASTER_ADDR" in env:  # torchrun (one rank too): gloo on CPUs, nccl on GPUs, a GPU a rank
+    if "MASTER_ADDR" in os.environ:  # torchrun
         if use_cuda:
             torch.cuda.set_device(device)
         dist.init_process_group("nccl" if use_cuda else "gloo", rank=rank, world_size=world_size)
-    return rank, world_size, device, error
+    return rank, world_size, device
 
 
 def all_ranks_stop(stop, world_size, device):
-    """A signal seen by any rank stops every rank after the same rollout (so no rank waits in an all-reduce)."""
+    """A signal seen by any rank stops every rank after the same iteration (so no rank waits in an all-reduce)."""
     if world_size > 1:
-        flag = torch.tensor([stop.signum or 0], device=device)
+        flag = torch.tensor([stop.requested], device=device)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        stop.signum = int(flag.item()) or None
-    return stop.signum is not None
+        stop.requested = int(flag.item())
+    return stop.requested
 
 
 class NullWriter:  # ranks other than 0 log nothing
     add_scalar = add_text = close = staticmethod(lambda *args, **kwargs: None)
 
 
-def rng_states():
-    """The RNG states of python, numpy and torch as tensors and plain types (loadable with weights_only=True)."""
-    np_state = np.random.get_state()
-    return {
-        "python": random.getstate(),
-        "numpy": [np_state[0], torch.from_numpy(np_state[1].copy()), *np_state[2:]],
-        "torch": torch.get_rng_state(),
-        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
-    }
+def close_distributed(agent, rank, world_size, stopped):
+    """All-reduced gradients and equal steps: every rank holds the same parameters, checked at the end; the group ends."""
+    if not dist.is_initialized():
+        return
+    if not stopped:
+        flat = torch.cat([p.detach().flatten() for p in agent.parameters()])
+        low, high = flat.clone(), flat.clone()
+        dist.all_reduce(low, op=dist.ReduceOp.MIN)
+        dist.all_reduce(high, op=dist.ReduceOp.MAX)
+        if not torch.equal(low, high):
+            sys.exit(f"error: rank {rank}'s parameters differ from another rank's (max gap {(high - low).max():.3g})")
+        print(f"rank {rank}: parameters bit-identical on all {world_size} ranks", flush=True)
+    dist.destroy_process_group()  # gloo's and nccl's threads end before the interpreter does
 
 
-def set_rng_states(states):
-    random.setstate(tuple(s if not isinstance(s, list) else tuple(s) for s in states["python"]))
-    name, key, pos, has_gauss, cached = states["numpy"]
-    np.random.set_state((name, key.numpy(), pos, has_gauss, cached))
-    torch.set_rng_state(states["torch"])
-    if states["cuda"] and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(states["cuda"])
-
-
-def save_checkpoint(path, agent, optimizer, args, run_name, iteration, rng, wandb_id=None):
-    """Write the state after `iteration` atomically (a temporary file in the same folder, then a rename)."""
-    checkpoint = {
-        "script": os.path.basename(__file__),
-        "model": agent.state_dict(),
-        "optimizer": optimizer.state_dict(),
-        "args": asdict(args),
-        "run_name": run_name,
-        "iteration": iteration,
-        "global_step": iteration * args.batch_size,
-        "rng": rng,
-        "wandb_id": wandb_id,
-    }
-    tmp_path = f"{path}.tmp{os.getpid()}"
-    try:  # a kill during the write leaves the previous checkpoint whole; a full disk or read-only folder: one line
-        torch.save(checkpoint, tmp_path)
-        os.replace(tmp_path, path)
-        return True
-    except KeyboardInterrupt:  # a second signal during the write: no half-written file is left behind
-        if os.path.exists(tmp_path):
-            os.remove(tmp_path)
-        raise
-    except (OSError, RuntimeError) as e:  # torch reports a failed write as RuntimeError
-        reason = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        if isinstance(e, RuntimeError) and disk_free(os.path.dirname(path)) < 2**20:  # torch's message does not say so
-            reason = "No space left on device"
-        if os.path.exists(tmp_path):
-            os.remove(tmp_path)
-        kept = "the previous one is kept" if os.path.exists(path) else "there is no earlier one"
-        print(f"error: cannot write the checkpoint {path} ({reason}); {kept}", file=sys.stderr, flush=True)
-        return False
-
-
-# checkpoints that a script's --eval-checkpoint plays though another script wrote them (the same network and observations)
-PLAYS_ALSO = {
-    "ppo_atari.py": {
-        "ppo_atari_envpool.py": "ale-py's games, not envpool's: the same 84x84 gray frames (4 stacked) and game settings, "
-        "but after a life loss 1 no-op step here, 1 to --noop-max no-op frames in envpool"
-    }
-}
-
-
-def disk_free(folder):
-    """Bytes free on the disk holding `folder` (infinite if unknown)."""
-    import shutil
-
-    try:
-        return shutil.disk_usage(folder or ".").free
-    except OSError:
-        return float("inf")
-
-
-def load_checkpoint(path, evaluating=False):
-    """Load a checkpoint as tensors and plain types only (no code can run); exit with one line if unusable."""
-    if os.path.isdir(path):
-        sys.exit(f"error: checkpoint '{path}' is a directory; give the file, e.g. runs/<run_name>/checkpoint.pt")
-    if not os.path.isfile(path):
-        sys.exit(f"error: checkpoint '{path}' does not exist")
-    if not os.access(path, os.R_OK):
-        sys.exit(f"error: checkpoint '{path}' cannot be read (permission denied)")
-    if os.path.getsize(path) == 0:
-        sys.exit(f"error: checkpoint '{path}' is empty (0 bytes): not a checkpoint")
-    try:
-        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:  # weights_only refused what it holds, or the file is not a torch file, or cut short
-        reason = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        if isinstance(e, pickle.UnpicklingError) and "Weights only load failed" in str(e):
-            sys.exit(f"error: cannot load checkpoint '{path}': it holds more than tensors and plain types, refused")
-        sys.exit(f"error: cannot load checkpoint '{path}': truncated or corrupt ({reason})")
-    needed = {"script", "model", "optimizer", "args", "run_name", "iteration", "global_step", "rng"}
-    if not isinstance(checkpoint, dict) or not needed <= checkpoint.keys():
-        sys.exit(f"error: '{path}' is not a checkpoint written by this project's scripts")
-    plays_also = PLAYS_ALSO.get(os.path.basename(__file__), {}) if evaluating else {}
-    if checkpoint["script"] != os.path.basename(__file__) and checkpoint["script"] not in plays_also:
-        sys.exit(f"error: '{path}' was written by {checkpoint['script']}; load it with that script")
-    return checkpoint
-
-
-def args_from_checkpoint(checkpoint):
-    return Args(**{k: v for k, v in checkpoint["args"].items() if k in Args.__dataclass_fields__})
-
-
-# with --resume, these flags apply when given; any other flag must keep the run's value (it would change what is learned)
-RESUME_MAY_CHANGE = ["cuda", "torch_threads", "channels_last", "track", "wandb_project_name", "wandb_entity"]
-RESUME_MAY_CHANGE += ["wandb_group", "wandb_tags", "bf16"]
-RESUME_MAY_CHANGE += ["capture_video", "save_model", "save_every", "resume", "total_timesteps"]
-
-
-def resume_args(cli, checkpoint, argv):
-    """The run's settings and the RESUME_MAY_CHANGE flags given in `argv`; (args, None) or (args, a one-line error)."""
-    args = args_from_checkpoint(checkpoint)
-    given = {a.split("=")[0][2:].replace("-", "_") for a in argv if a.startswith("--")}
-    given = {f if f in Args.__dataclass_fields__ else f.removeprefix("no_") for f in given} & Args.__dataclass_fields__.keys()
-    changed = [f for f in sorted(given - set(RESUME_MAY_CHANGE)) if getattr(cli, f) != getattr(args, f)]
-    if changed:
-        said = ", ".join(f"--{f.replace('_', '-')} {getattr(cli, f)} (the run's: {getattr(args, f)})" for f in changed)
-        return args, f"{said}: a resumed run keeps the settings it learned with; drop them, or start a new run"
-    for field in given & set(RESUME_MAY_CHANGE):
-        setattr(args, field, getattr(cli, field))
-    args.resume, args.batch_size, args.minibatch_size, args.num_iterations = cli.resume, 0, 0, 0  # computed again
-    if args.total_timesteps < checkpoint["global_step"]:
-        return (
-            args,
-            f"--total-timesteps {args.total_timesteps} is below the {checkpoint['global_step']} steps the run has done",
-        )
-    return args, None
-
-
-class StopRequest:
-    """Ctrl-C or SIGTERM asks the loop to stop at the next safe point; a second signal stops at once (KeyboardInterrupt),
-    a third exits there and then. main() makes it first, so it covers every phase; `plan()` says what the first does."""
-
-    active = None  # the process's, once made
-
-    def __init__(self):
-        self.signum, self.raised, self.plan = None, False, lambda: "stopping"
-        signal.signal(signal.SIGINT, self.handler)
-        signal.signal(signal.SIGTERM, self.handler)
-        StopRequest.active = self
-
-    def handler(self, signum, frame):
-        if self.raised:  # a third signal while the second one's closing goes on (envs, logs, wandb): exit now
-            os._exit(128 + self.signum)
-        if self.signum is not None:
-            self.raised = True
-            raise KeyboardInterrupt
-        self.signum = signum
-        print(f"\n{signal.Signals(signum).name} received: {self.plan()} (send again to stop now)", flush=True)
-
-
-def stop_requested():
-    """True once Ctrl-C or SIGTERM came (an evaluation stops playing)."""
-    return StopRequest.active is not None and StopRequest.active.signum is not None
-
-
-def evaluate_or_stop(args, device):
-    """evaluate(); after Ctrl-C / SIGTERM, the episodes played so far are reported and it exits with 128 + the signal."""
-    stop = StopRequest.active or StopRequest()
-    stop.plan = lambda: "stopping the evaluation; the episodes played so far are reported"
-    if args.capture_video:
-        keep_earlier_evaluation(args.eval_checkpoint)
-    try:
-        returns = evaluate(args.eval_checkpoint, args.eval_episodes, device, capture_video=args.capture_video)
-    except KeyboardInterrupt:  # a second signal: at once
-        sys.exit(128 + stop.signum)
-    if stop.signum:
-        print(f"eval: stopped by {signal.Signals(stop.signum).name} after {len(returns)} of {args.eval_episodes} episodes")
-        if returns:
-            print(f"eval: {len(returns)} episodes, mean return {np.mean(returns):.2f} +- {np.std(returns):.2f}")
-            print("eval: each episode's return, in order:", " ".join(f"{r:g}" for r in returns))
-        sys.exit(128 + stop.signum)
-    return returns
-
-
-def keep_earlier_evaluation(checkpoint_path):
-    """--capture-video: an earlier evaluation's videos in videos/<run_name>-eval/ are kept, moved to the first free
-    videos/<run_name>-eval-<k>/, so that this evaluation records into videos/<run_name>-eval/ (and wandb gets its own)."""
-    folder = f"videos/{load_checkpoint(checkpoint_path, evaluating=True)['run_name']}-eval"
-    if os.path.isdir(folder) and os.listdir(folder):
-        k = 1
-        while os.path.exists(f"{folder}-{k}"):
-            k += 1
-        try:
-            os.rename(folder, f"{folder}-{k}")
-            print(f"the videos of an earlier evaluation are kept in {folder}-{k}/", flush=True)
-        except OSError:  # another evaluation moved it meanwhile
-            pass
-
-
-def resume_folder(resume, run_name):
-    """(folder, moved): a resumed run goes on in its checkpoint's folder. When that is <root>/runs/<run_name>, the run
-    works from <root> (its videos/ and wandb/ beside its runs/) wherever it was started from: moved tells it went there."""
-    folder = os.path.dirname(os.path.abspath(resume))
-    tail = os.sep + os.path.join("runs", run_name)
-    if folder.endswith(tail) and folder[: -len(tail)] != os.getcwd():
-        os.chdir(folder[: -len(tail)] or os.sep)
-        return folder, True
-    return os.path.dirname(resume) or ".", False
-
-
-def make_folder(path):
-    """os.mkdir, atomic: True if this process made `path`, False if it was there (another run took it first)."""
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    try:
-        os.mkdir(path)
-        return True
-    except FileExistsError:
-        return False
-
-
-def video_recorder(envs):
-    """The RecordVideo wrapper of the first environment (--capture-video), or None."""
-    env = envs
-    while env is not None and not isinstance(getattr(env, "envs", None), list):  # vector wrappers, to the vector env
-        env = getattr(env, "env", None)
-    env = env.envs[0] if env is not None else None
-    while env is not None and not isinstance(env, gym.wrappers.RecordVideo):
-        env = getattr(env, "env", None)
-    return env
-
-
-def video_numbers(folder):
-    """The episode numbers of RecordVideo's videos in `folder` (rl-video-episode-<n>.mp4)."""
-    names = os.listdir(folder) if os.path.isdir(folder) else []
-    stems = [f[len("rl-video-episode-") : -len(".mp4")] for f in names if f.startswith("rl-video-episode-")]
-    return [int(s) for s in stems if s.isdigit()]
-
-
-def quiet_writer_thread():
-    """TensorBoard's writer thread stops quietly on a failed write (a full disk): the loop's next write raises the same
-    error, which main() says in one line (threading.excepthook, for that thread alone)."""
-    import threading
-
-    default = threading.excepthook
-    threading.excepthook = lambda hook: None if type(hook.thread).__name__ == "_AsyncWriterThread" else default(hook)
-
-
-def evaluate(checkpoint_path, eval_episodes, device, capture_video=False):
-    """Play `eval_episodes` episodes with a checkpoint's policy (actions sampled) and return their returns.
-
-    With `capture_video`, record them into videos/{run_name}-eval/ (RecordVideo's schedule: episodes 0, 1, 8, 27, ...)."""
-    checkpoint = load_checkpoint(checkpoint_path, evaluating=True)
-    args = args_from_checkpoint(checkpoint)
-    # an evaluation logs nothing, trains nothing (no rollout stored; main() sets the threads) and plays in float32
-    args.capture_video, args.track, args.torch_threads, args.eval_checkpoint = capture_video, False, 0, checkpoint_path
-    error = check_args(args)  # the training run's checks: e.g. moviepy missing, or an env that renders no video
-    if error:
-        sys.exit(f"error: {error}")
-    torch.manual_seed(args.seed)  # the actions are sampled: the same checkpoint plays the same episodes
-    envs = make_envs(args, checkpoint["run_name"] + "-eval", num_envs=1)
+def evaluate(args, checkpoint, device, videos):
+    """The returns of --eval-episodes episodes of a checkpoint's policy (actions sampled), recorded into videos/{videos}/."""
+    trained = Args(**{k: v for k, v in checkpoint["args"].items() if k in Args.__dataclass_fields__})
+    trained.capture_video = videos is not None
+    torch.manual_seed(trained.seed)  # the actions are sampled: the same checkpoint plays the same episodes
+    envs = make_envs(trained, videos, num_envs=1)
     agent = Agent(envs).to(device)
     agent.load_state_dict(checkpoint["model"])
     returns = []
-    obs, _ = envs.reset(seed=args.seed)
-    while len(returns) < eval_episodes and not stop_requested():  # Ctrl-C / SIGTERM: the episodes played so far
+    obs, _ = envs.reset(seed=trained.seed)
+    while len(returns) < args.eval_episodes:
         with torch.no_grad():
             action, _, _, _ = agent.get_action_and_value(torch.Tensor(obs).to(device))
         obs, _, _, _, infos = envs.step(action.cpu().numpy())
         if "episode" in infos.get("final_info", {}) and infos["final_info"]["_episode"].any():
             returns.append(float(infos["final_info"]["episode"]["r"][0]))
     envs.close()
-    if capture_video:
-        unplayed = f"videos/{checkpoint['run_name']}-eval/rl-video-episode-{len(returns)}.mp4"
-        if os.path.exists(unplayed):  # the reset after the last episode began recording one more: a frame, not played
-            os.remove(unplayed)
-        print(f"videos of the evaluation in videos/{checkpoint['run_name']}-eval/")
     return returns
 
 
-# with --eval-checkpoint, these flags apply; any other flag given must be the checkpoint's (it plays the trained settings)
-EVAL_MAY_CHANGE = ["eval_checkpoint", "eval_episodes", "capture_video", "cuda", "torch_threads", "track"]
-EVAL_MAY_CHANGE += ["wandb_project_name", "wandb_entity", "wandb_group", "wandb_tags"]
-
-
-def eval_args_error(cli, argv):
-    """--eval-checkpoint: a one-line error for a flag in `argv` that the evaluation cannot honour (it plays the checkpoint
-    with the settings it was trained with) or that is outside its domain, else None; says what differs when the
-    checkpoint was written by another script (PLAYS_ALSO)."""
-    error = domain_error(cli) or limits_error(cli) or (missing_piece_error(cli) if cli.track else None)
-    if error:
-        return error
-    checkpoint = load_checkpoint(cli.eval_checkpoint, evaluating=True)
-    trained = args_from_checkpoint(checkpoint)
-    given = {a.split("=")[0][2:].replace("-", "_") for a in argv if a.startswith("--")}
-    given = {f if f in Args.__dataclass_fields__ else f.removeprefix("no_") for f in given} & Args.__dataclass_fields__.keys()
-    ignored = [f for f in sorted(given - set(EVAL_MAY_CHANGE)) if getattr(cli, f) != getattr(trained, f)]
-    if ignored:
-        said = [f"--{f.replace('_', '-')} {getattr(cli, f)} (the checkpoint's: {getattr(trained, f)})" for f in ignored]
-        return f"{', '.join(said)}: an evaluation plays the checkpoint with the settings it was trained with; drop them"
-    if checkpoint["script"] != os.path.basename(__file__):
-        note = PLAYS_ALSO[os.path.basename(__file__)][checkpoint["script"]]
-        print(f"playing a {checkpoint['script']} checkpoint with {os.path.basename(__file__)}: {note}", flush=True)
-    return None
-
-
-def track_evaluation(args, returns):
-    """--eval-checkpoint --track: a wandb run of its own, `<run_name>-eval` (job type "eval", the training run's group),
-    with each episode's return and, with --capture-video, the evaluation's videos at their episode."""
-    import wandb
-
-    checkpoint = load_checkpoint(args.eval_checkpoint, evaluating=True)
-    trained, name = checkpoint["args"], checkpoint["run_name"] + "-eval"
-    wandb.init(
-        project=args.wandb_project_name,
-        entity=args.wandb_entity,
-        group=args.wandb_group or trained.get("wandb_group"),
-        tags=list(args.wandb_tags) or None,
-        job_type="eval",
-        name=name,
-        config={**trained, "eval_checkpoint": args.eval_checkpoint, "eval_episodes": len(returns)},
-        save_code=True,
-        settings=wandb.Settings(program_abspath=os.path.abspath(__file__), program_relpath=os.path.basename(__file__)),
-    )
-    wandb.define_metric("episode")
-    wandb.define_metric("eval/*", step_metric="episode")
-    wandb.define_metric("videos", step_metric="episode")
-    for episode, r in enumerate(returns):
-        wandb.log({"eval/episodic_return": r, "episode": episode})
-    folder = f"videos/{name}"
-    for file in sorted(os.listdir(folder)) if args.capture_video and os.path.isdir(folder) else []:
-        if file.startswith("rl-video-episode-") and file.endswith(".mp4"):  # RecordVideo's names: the episode's index
-            episode = int(file[len("rl-video-episode-") : -len(".mp4")])
-            if episode < len(returns):  # not a video left from an earlier, longer evaluation of the same checkpoint
-                wandb.log({"videos": wandb.Video(os.path.join(folder, file), format="mp4"), "episode": episode})
-    wandb.run.summary.update({"eval/mean_return": float(np.mean(returns)), "trained_steps": checkpoint["global_step"]})
-    wandb.finish()
-
-
-class Run:
-    """The plumbing that train() calls: the run's name and folder, its logs, --resume, the stop request, checkpoints."""
-
-    def __init__(self, args, checkpoint=None, rank=0, world_size=1, device=None):
-        self.args, self.checkpoint = args, checkpoint  # checkpoint: the one --resume continues, else None
-        self.rank, self.world_size, self.device = rank, world_size, device  # torchrun's (setup_distributed)
-        self.envs = self.writer = self.stop = self.at_start = self.signum = self.recorder = None
-        self.name, self.dir = None, "runs"  # the other ranks: rank 0's, broadcast below
-        self.saved = self.unsaved = self.updating = None  # the iteration last checkpointed, one not written, one updating
-        self.tracked, self.videos_seen, self.made = False, set(), []
-        self.start_iteration = self.iteration = self.completed = 1
-        resumed = os.path.abspath(args.resume) if checkpoint else None
-        if checkpoint:  # the run goes on in its checkpoint's folder, wherever it is started from (resume_folder)
-            import warnings
-
-            self.name, (self.dir, moved) = checkpoint["run_name"], resume_folder(args.resume, checkpoint["run_name"])
-            if moved and not self.rank:
-                print(f"{self.name} goes on in its own folder, {self.dir}", flush=True)
-            warnings.filterwarnings("ignore", message=".*Overwriting existing videos")  # not so: numbered on (check_env)
-        elif not self.rank:  # runs/{env_id}__{exp_name}__{seed}__{unix time}, taken atomically (claim)
-            self.claim(f"{args.env_id}__{args.exp_name}__{args.seed}", int(time.time()))
-        if not checkpoint and dist.is_initialized():  # the other ranks take rank 0's name (videos, messages)
-            names = [self.name]
-            dist.broadcast_object_list(names, src=0)
-            self.name, self.dir = names[0], f"runs/{names[0]}"
-        self.checkpoint_path = os.path.join(self.dir, "checkpoint.pt")
-        if checkpoint and os.path.abspath(self.checkpoint_path) == resumed:
-            self.saved = checkpoint["iteration"]  # the checkpoint resumed from is the run's own
-        self.wandb_id = checkpoint["wandb_id"] if checkpoint else None
-        if StopRequest.active:  # main()'s
-            self.stop, StopRequest.active.plan = StopRequest.active, self.stop_plan
-
-    def fail(self, error):
-        """Exit with a one-line error, the environments and the logs closed (what a full disk lets close); the run folder
-        is removed again while it is empty (the run had not started)."""
-        for closable in (self.envs, self.writer):
-            try:
-                if closable is not None:
-                    closable.close()
-            except OSError:  # a full disk: closing writes the last events or video, which fails again
-                pass
-        if self.recorder is not None:  # a video not written: no warning about it at exit
-            self.recorder.recorded_frames = []
-        for folder in self.made:
-            try:
-                os.rmdir(folder)
-            except OSError:  # not empty: the run had started
-                break
-        sys.exit(f"error: {error}")
-
-    def claim(self, base, stamp):
-        """Take runs/{base}__{stamp} with os.mkdir (atomic): of runs started in the same second with the same name (a
-        sweep launched with &) one gets it, the next takes the next second's name (or one whose videos/ folder exists
-        too), so the name keeps the form {env_id}__{exp_name}__{seed}__{unix time} (benchmark/report.py reads it)."""
-        missing, parent = [], os.path.dirname(f"runs/{base}")  # runs/, or runs/ALE/ for an id like ALE/Pong-v5
-        while parent and not os.path.isdir(parent):
-            missing, parent = missing + [parent], os.path.dirname(parent)
-        try:
-            while os.path.exists(f"videos/{base}__{stamp}") or not make_folder(f"runs/{base}__{stamp}"):
-                stamp += 1
-        except OSError as e:
-            self.fail(f"cannot write the run directory runs/{base}__{stamp} ({e.strerror or e}); run from a writable folder")
-        self.name, self.dir = f"{base}__{stamp}", f"runs/{base}__{stamp}"
-        self.made = [self.dir, *missing]  # removed again if the run fails before it starts
-
-    def check_env(self, envs):
-        self.envs = envs
-        error = check_env(envs) or memory_error(self.args, step_bytes(envs))  # the observations' real size
-        if error:
-            self.fail(error)
-        self.recorder = video_recorder(envs) if self.args.capture_video else None
-        if self.recorder is not None and self.rank:  # torchrun: rank 0 records (all ranks' files would have one name)
-            self.recorder.episode_trigger = lambda episode: False
-        elif self.recorder is not None and self.checkpoint:  # resumed: numbered on after the videos there, none overwritten
-            self.recorder.episode_id = max(video_numbers(self.recorder.video_folder), default=-1)
-        return envs
-
-    def restore(self, agent, optimizer):
-        """The first iteration to run; with --resume, the checkpoint's weights, Adam's state and RNG states loaded."""
-        if self.checkpoint:
-            try:
-                agent.load_state_dict(self.checkpoint["model"])
-                optimizer.load_state_dict(self.checkpoint["optimizer"])
-            except (RuntimeError, ValueError, KeyError) as e:
-                self.fail(f"'{self.args.resume}' does not fit this network: {str(e).strip().splitlines()[0]}")
-            self.start_iteration = self.checkpoint["iteration"] + 1
-            set_rng_states(self.checkpoint["rng"])
-            if self.world_size > 1:  # the checkpoint holds rank 0's generators: each rank draws its own stream again
-                torch.manual_seed(int(torch.randint(2**31 - 1, ())) + self.rank)
-        self.agent = agent  # the parameters compared over the ranks at the end
-        self.completed = self.start_iteration - 1
-        return self.start_iteration
-
-    def open_writer(self):
-        """The run folder (writable, or one line before anything is trained), wandb with --track, then TensorBoard."""
-        folder = self.dir if self.rank == 0 else os.path.dirname(self.dir) or "."
-        try:  # rank 0's run folder: the other ranks write nothing
-            os.makedirs(folder, exist_ok=True)
-            with tempfile.TemporaryFile(dir=folder):
-                pass
-        except OSError as e:
-            self.fail(f"cannot write the run directory {self.dir} ({e.strerror or e}); run from a writable folder")
-        if self.rank:
-            self.writer = NullWriter()
-            return self.writer
-        if self.args.track:
-            import wandb
-
-            wandb.init(
-                project=self.args.wandb_project_name,
-                entity=self.args.wandb_entity,
-                group=self.args.wandb_group,
-                tags=list(self.args.wandb_tags) or None,  # None: WANDB_TAGS, if set
-                sync_tensorboard=True,
-                config=vars(self.args),
-                name=self.name,
-                id=self.wandb_id,  # on resume the same wandb run goes on
-                resume="allow",
-                save_code=True,  # the script that ran, wherever it was started from (wandb's code view and comparer)
-                settings=wandb.Settings(program_abspath=os.path.abspath(__file__), program_relpath=os.path.basename(__file__)),
-            )
-            wandb.define_metric("global_step")  # TensorBoard's step
-            wandb.define_metric("videos", step_metric="global_step")
-            self.wandb_id, self.tracked, self.videos_seen = wandb.run.id, True, set(self.video_files())
-        # on resume, the events an interrupted run logged after its checkpoint are purged
-        purge_step = (self.start_iteration - 1) * self.args.batch_size + 1 if self.checkpoint else None
-        quiet_writer_thread()  # a failed write (a full disk): one line from main(), no thread's traceback
-        self.writer = SummaryWriter(self.dir, purge_step=purge_step)
-        # each segment's settings at its first step: a resume may change --bf16, --channels-last, --total-timesteps
-        self.writer.add_text(
-            "hyperparameters",
-            "|param|value|\n|-|-|\n%s" % ("\n".join([f"|{key}|{value}|" for key, value in vars(self.args).items()])),
-            global_step=purge_step - 1 if self.checkpoint else 0,
-        )
-        return self.writer
-
-    def env_seed(self):
-        """The seed of the first reset: --seed; on resume one drawn from the restored generator (the episodes restart)."""
-        return int(np.random.randint(2**31 - 1)) if self.checkpoint else self.args.seed
-
-    def iterations(self, start_iteration, device):
-        """The iterations to run, until the last or a stop request (Ctrl-C / SIGTERM, caught from main()'s start)."""
-        if self.stop is None:  # a Run used without main()
-            self.stop = StopRequest()
-            self.stop.plan = self.stop_plan
-        print(
-            f"training {self.name} on {device}: iterations {start_iteration}..{self.args.num_iterations} of "
-            f"{self.args.batch_size} steps",
-            flush=True,
-        )
-        for iteration in range(start_iteration, self.args.num_iterations + 1):
-            if self.stopping():
-                return
-            # a rollout cut short checkpoints the iteration before it, with the state at its start
-            self.iteration, self.at_start, self.updating = iteration, self.snapshot(), None
-            yield iteration
-
-    def stopping(self):
-        stop = all_ranks_stop(self.stop, self.world_size, self.device)
-        self.updating = None if stop else self.iteration  # after its rollout: the iteration will be whole
-        return stop
-
-    def stop_plan(self):
-        """What a first signal does, said when it comes: a checkpoint only if an iteration is (or will be) whole."""
-        if self.at_start is not None and max(self.completed, self.updating or 0) >= self.start_iteration:
-            return "stopping after a checkpoint"
-        return f"stopping before iteration {self.start_iteration} is whole: {self.kept()}"
-
-    def kept(self):
-        """The checkpoint the run keeps, in words."""
-        if self.saved is not None:
-            return f"the checkpoint of iteration {self.saved} stays ({self.checkpoint_path})"
-        if os.path.exists(self.checkpoint_path):
-            return f"the checkpoint {self.checkpoint_path} stays"
-        return "there is no checkpoint"
-
-    def snapshot(self):
-        """What a checkpoint holds beside the weights and Adam's state (the RNG states, ...), taken now."""
-        return {"rng": rng_states()}
-
-    def save(self, iteration, agent, optimizer, state):
-        """Write a checkpoint of `iteration` with `state` (a snapshot); False if it could not be written."""
-        rng, path = state["rng"], self.checkpoint_path
-        if self.rank:  # rank 0 writes the checkpoints
-            return None
-        return save_checkpoint(path, agent, optimizer, self.args, self.name, iteration, rng, self.wandb_id)
-
-    def video_files(self):
-        """The videos of the run's first env (--capture-video) as (path, modification time): each a finished episode."""
-        folder = f"videos/{self.name}"
-        files = sorted(os.listdir(folder)) if os.path.isdir(folder) else []
-        return [(os.path.join(folder, f), os.stat(os.path.join(folder, f)).st_mtime_ns) for f in files if f.endswith(".mp4")]
-
-    def upload_videos(self):
-        """With --capture-video --track: each video written since the last call goes to the wandb run, at the global step
-        of the iteration in which its episode ended (RecordVideo writes the file then)."""
-        if self.tracked and self.args.capture_video:
-            import wandb
-
-            for path, mtime in sorted(set(self.video_files()) - self.videos_seen, key=lambda f: (f[1], f[0])):
-                wandb.log({"videos": wandb.Video(path, format="mp4"), "global_step": self.completed * self.args.batch_size})
-                self.videos_seen.add((path, mtime))
-
-    def iteration_done(self, iteration, agent, optimizer):
-        """With --save-model, a checkpoint every --save-every iterations and after the last; the new videos to wandb."""
-        self.completed = iteration
-        self.upload_videos()
-        at_save_point = self.args.save_every and iteration % self.args.save_every == 0
-        if self.args.save_model and (at_save_point or iteration == self.args.num_iterations):
-            self.write_checkpoint(iteration, agent, optimizer, self.snapshot())
-
-    def write_checkpoint(self, iteration, agent, optimizer, state):
-        """save(), remembered: the iteration last written, or one that could not be (finish() then exits 1)."""
-        written = self.save(iteration, agent, optimizer, state)
-        if written:
-            self.saved, self.unsaved = iteration, None
-        elif written is False:
-            self.unsaved = iteration
-        return written
-
-    def save_if_stopped(self, agent, optimizer):
-        """After a stop request: a checkpoint of the last completed iteration (no lost work), and how to continue."""
-        if not self.stopping() or self.rank:
-            return
-        if self.at_start is None or self.completed < self.start_iteration:
-            print(f"stopped before iteration {self.start_iteration} was whole: {self.kept()}", flush=True)
-            return
-        if self.saved != self.completed:  # not written yet (a signal during the last write: it is)
-            state = self.snapshot() if self.completed == self.iteration else self.at_start
-            if not self.write_checkpoint(self.completed, agent, optimizer, state):
-                return
-        step = self.completed * self.args.batch_size
-        print(f"checkpoint of iteration {self.completed} (step {step}) written to {self.checkpoint_path}")
-        if self.completed < self.args.num_iterations:
-            print(f"continue with: python {os.path.basename(__file__)} --resume {self.checkpoint_path}")
-
-    def close(self):
-        """After a second signal (stop at once): the environments and the logs closed, no checkpoint."""
-        self.signum = (self.stop.signum if self.stop else None) or signal.SIGINT
-        for closable in (self.envs, self.writer):
-            if closable is not None:
-                closable.close()
-        if not self.rank:
-            print(f"stopped at once: {self.kept()}", flush=True)
-
-    def write_error(self, e):
-        """One line for a write that failed while logging or recording (a full disk, a read-only folder); any other
-        error is raised again."""
-        import traceback
-
-        code = " ".join(frame.f_code.co_filename for frame, _ in traceback.walk_tb(e.__traceback__))
-        if "tensorboard" in code:
-            what = f"the TensorBoard events in {self.dir}"
-        elif "moviepy" in code or os.path.join("gymnasium", "wrappers", "rendering") in code:
-            what = f"a video in {self.recorder.video_folder if self.recorder else 'videos/'}"
-        else:
-            raise e
-        reason = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        when = f"at iteration {self.iteration}" if self.at_start is not None else "before training"
-        return f"cannot write {what} ({reason}); stopped {when}: {self.kept()}"
-
-    def finish(self):
-        """Exit: 0, 1 if the last checkpoint could not be written, or 128 + the signal that stopped the run; wandb is told."""
-        signum = self.signum or (self.stop.signum if self.stop else None)
-        exit_code = 128 + signum if signum else 1 if self.unsaved else 0  # 1: the last checkpoint was not written
-        distributed = dist.is_initialized()
-        if distributed and not signum:  # all-reduced gradients, equal steps: every rank holds the same parameters
-            flat = torch.cat([p.detach().flatten() for p in self.agent.parameters()])
-            low, high = flat.clone(), flat.clone()
-            dist.all_reduce(low, op=dist.ReduceOp.MIN)
-            dist.all_reduce(high, op=dist.ReduceOp.MAX)
-            if not torch.equal(low, high):
-                sys.exit(f"error: rank {self.rank}'s parameters differ from another rank's (max gap {(high - low).max():.3g})")
-            print(f"rank {self.rank}: parameters bit-identical on all {self.world_size} ranks", flush=True)
-        if distributed:  # gloo's and nccl's threads end before the interpreter does
-            dist.destroy_process_group()
-        if self.tracked:
-            import wandb
-
-            try:
-                self.upload_videos()  # those the envs wrote when closed
-                wandb.finish(exit_code=exit_code)
-            except KeyboardInterrupt:  # a second signal while wandb finishes: stop there (`wandb sync` sends the rest)
-                exit_code = 128 + self.stop.signum
-        # all is written: exit now, without the interpreter's teardown (gloo's worker thread may still be freeing the last
-        # all-reduce's tensors, which takes the GIL: during the teardown that aborts the process, SIGABRT)
-        if distributed:
-            sys.stdout.flush(), sys.stderr.flush()
-            os._exit(exit_code)
-        sys.exit(exit_code)
-
-
-def exit_once(code, rank):
-    """Leave before the process group (`code`: an error line, or --help's 0): ranks above 0 at once, with 0 and silent, rank
-    0 once they are gone, so torchrun's report of a failed worker (a traceback and a summary, always) names rank 0 alone."""
-    if rank or not code:
-        sys.exit(0 if rank else code)
-    if isinstance(code, str) and os.environ.get("TORCHELASTIC_ERROR_FILE"):  # the summary's message: this line
-        info = {"py_callstack": code, "timestamp": str(int(time.time()))}
-        with open(os.environ["TORCHELASTIC_ERROR_FILE"], "w", encoding="utf-8") as f:
-            json.dump({"message": {"message": code, "extraInfo": info}}, f)
-    deadline = time.time() + 10
-    while "TORCHELASTIC_RUN_ID" in os.environ and other_workers() and time.time() < deadline:
-        time.sleep(0.05)
-    sys.exit(code)
-
-
-def other_workers():
-    """How many of torchrun's other workers still run here: the live children of this one's parent (Linux's /proc)."""
-    count = 0
-    for pid in [p for p in os.listdir("/proc") if p.isdigit() and int(p) != os.getpid()] if os.path.isdir("/proc") else []:
-        try:
-            with open(f"/proc/{pid}/stat", encoding="utf-8") as f:
-                state, ppid = f.read().rsplit(")", 1)[1].split()[:2]
-            count += int(ppid) == os.getppid() and state != "Z"
-        except (OSError, ValueError):  # gone meanwhile
-            pass
-    return count
-
-
-def start(rank):
-    """main() up to the process group: the flags, an evaluation (rank 0 plays), --resume, the ranks; all checked first."""
-    args = tyro.cli(Args)
-    if args.eval_checkpoint:
-        if rank:  # rank 0 plays
-            sys.exit(0)
-        error = eval_args_error(args, sys.argv[1:])  # a flag it cannot honour, outside its domain, or wandb missing
-        if error:
-            sys.exit(f"error: {error}")
-        if args.torch_threads > 0:
-            torch.set_num_threads(args.torch_threads)
-        device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
-        returns = evaluate_or_stop(args, device)  # Ctrl-C / SIGTERM: the episodes played so far, exit 128 + signal
-        print(f"eval: {len(returns)} episodes, mean return {np.mean(returns):.2f} +- {np.std(returns):.2f}")
-        print("eval: each episode's return, in order:", " ".join(f"{r:g}" for r in returns))
-        if args.track:
-            track_evaluation(args, returns)
-        sys.exit(0)
-    checkpoint = None
-    if args.resume:  # the run continues with its own settings, but for RESUME_MAY_CHANGE (a larger total extends it)
-        checkpoint = load_checkpoint(args.resume)
-        args, error = resume_args(args, checkpoint, sys.argv[1:])
-        if error:
-            sys.exit(f"error: {error}")
-    error = check_args(args)
-    if error:
-        sys.exit(f"error: {error}")
-    rank, world_size, device, error = setup_distributed(args)
-    if error:
-        sys.exit(f"error: {error}")
-    return args, checkpoint, rank, world_size, device
+def report_evaluation(args):
+    """--eval-checkpoint: print its returns; with --track, log them and the videos to a wandb run `<run_name>-eval`."""
+    checkpoint = load_checkpoint(args.eval_checkpoint)
+    videos = f"{checkpoint['run_name']}-eval-{int(time.time())}" if args.capture_video else None
+    returns = evaluate(args, checkpoint, torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu"), videos)
+    print(f"eval: {len(returns)} episodes, mean return {np.mean(returns):.2f} +- {np.std(returns):.2f}")
+    print("eval: each episode's return, in order:", " ".join(f"{r:g}" for r in returns))
+    if args.track:
+        group, name = args.wandb_group or checkpoint["args"]["wandb_group"], f"{checkpoint['run_name']}-eval"
+        wandb = wandb_init(args, group=group, job_type="eval", name=name, config=checkpoint["args"])
+        wandb.define_metric("*", step_metric="episode")
+        for episode, r in enumerate(returns):
+            wandb.log({"eval/episodic_return": r, "episode": episode})
+        upload_videos(args, videos, {"episode": len(returns)})
 
 
 def main():
-    StopRequest()  # Ctrl-C / SIGTERM from here on: every phase stops cleanly (Run says what the first signal does)
-    rank = int(os.environ["RANK"]) if "TORCHELASTIC_RUN_ID" in os.environ else 0  # torchrun's (setup_distributed checks)
-    streams = sys.stdout, sys.stderr
-    if rank:  # until the process group every rank runs the same checks: rank 0 alone says what they find
-        sys.stdout = sys.stderr = open(os.devnull, "w")
-    try:
-        args, checkpoint, rank, world_size, device = start(rank)
-    except SystemExit as e:
-        exit_once(e.code, rank)
-    sys.stdout, sys.stderr = streams
-    run = Run(args, checkpoint, rank, world_size, device)
-    if checkpoint and checkpoint["iteration"] >= args.num_iterations:
-        print(f"{run.name} is complete ({checkpoint['global_step']} steps); a larger --total-timesteps extends it")
-        sys.exit(0)
+    args = tyro.cli(Args)
+    checkpoint = load_checkpoint(args.resume) if args.resume else None
+    args = resume_args(args, checkpoint) if checkpoint else args  # its own settings, but for RESUME_MAY_CHANGE
+    if error := check_args(args):
+        sys.exit(f"error: {error}")
     if args.torch_threads > 0:
         torch.set_num_threads(args.torch_threads)  # speed: tiny matmuls lose more to thread hand-offs than they gain
+    code = None
     try:
-        train(args, run)
-    except gym.error.DependencyNotInstalled as e:  # e.g. Box2D for LunarLander: gymnasium's message says what to install
-        run.fail(f"{args.env_id} needs a package that is not installed: {str(e).strip().splitlines()[0]}")
-    except KeyboardInterrupt:  # a second signal: stop at once, the logs closed
-        run.close()
-    except OSError as e:  # a full disk or a read-only folder while logging or recording: one line, what is kept
-        run.fail(run.write_error(e))
-    run.finish()
+        report_evaluation(args) if args.eval_checkpoint else train(args)
+    except KeyboardInterrupt:  # a second Ctrl-C / SIGTERM: at once (a checkpoint is renamed into place whole, or not at all)
+        code = "stopped at once; the last checkpoint written stays whole"
+    except gym.error.Error as e:  # an unknown env id, or a package missing (moviepy for videos)
+        code = f"error: {args.env_id}: {str(e).strip().splitlines()[0]}"
+    except SystemExit as e:
+        code = e.code
+    if "MASTER_ADDR" not in os.environ:
+        sys.exit(code)
+    # under torchrun all is written: exit now, without the interpreter's teardown (gloo's worker thread may still be
+    # freeing the last all-reduce's tensors, which takes the GIL: during the teardown that aborts the process, SIGABRT)
+    if isinstance(code, str):
+        print(code, file=sys.stderr)
+    sys.stdout.flush(), sys.stderr.flush()
+    os._exit(1 if isinstance(code, str) else code or 0)
 
 
 if __name__ == "__main__":
