@@ -398,7 +398,7 @@ def train(args):
                 f"step {global_step}/{args.num_iterations * args.batch_size} | return {recent} (last 20) | SPS {sps}",
                 flush=True,
             )
-        upload_videos(args, videos, global_step)  # --capture-video --track: the videos finished since, to wandb
+        upload_videos(args, videos, {"global_step": global_step})  # --capture-video --track: new videos to wandb
 
         at_save_point = iteration == args.num_iterations or args.save_every and iteration % args.save_every == 0
         if stop.requested or args.save_model and at_save_point:  # --save-model; after Ctrl-C / SIGTERM in any case
@@ -566,6 +566,8 @@ def resume_args(cli, checkpoint):
         sys.exit(f"error: {said}: a resumed run keeps the settings it learned with; drop them, or start a new run")
     for field in given & set(RESUME_MAY_CHANGE):
         setattr(args, field, getattr(cli, field))
+    if args.total_timesteps <= checkpoint["global_step"]:
+        sys.exit(f"error: the run has done {checkpoint['global_step']} steps; a larger --total-timesteps extends it")
     return args
 
 
