@@ -1,9 +1,8 @@
 # PPO on MicroRTS with invalid action masking (aux-4). Parent: ppo_multidiscrete.py.
 import atexit
+import collections
 import contextlib
-import glob
 import itertools
-import math
 import os
 import random
 import shutil
@@ -42,6 +41,8 @@ SCENARIOS = {
     "MicrortsRandomEnemyShapedReward3-v1": ("randomAI", [5.0, 1.0, 1.0, 0.2, 1.0, 7.0, 0.2], 6000),
 }
 MAP = "maps/10x10/basesWorkers10x10.xml"
+
+PPOLoss = collections.namedtuple("PPOLoss", "loss pg_loss v_loss entropy_loss old_approx_kl approx_kl clipfrac")  # ppo_loss's
 
 
 @dataclass
@@ -136,13 +137,11 @@ class Args:
     """the number of iterations (computed in runtime)"""
 
     def __post_init__(self):  # tyro shows a ValueError from here as a command-line error, before anything starts
-        above_0 = {"total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs", "max_grad_norm"}
-        above_0 |= {"adam_eps", "target_kl", "eval_episodes", "frame_stack", "max_episode_frames"}
+        above_0 = {"total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs", "max_grad_norm", "adam_eps"}
         for field, value in vars(self).items():  # every number finite and at least 0 (NaN is refused too), those above 0
-            if isinstance(value, int | float) and not isinstance(value, bool):
-                if not (math.isfinite(value) and (value > 0 if field in above_0 else value >= 0)):
-                    rule = "above 0" if field in above_0 else "at least 0"
-                    raise ValueError(f"--{field.replace('_', '-')} {value} is not allowed: it must be a finite number {rule}")
+            rule = "above 0" if field in above_0 else "at least 0"
+            if type(value) in (int, float) and not (np.isfinite(value) and (value > 0 if field in above_0 else value >= 0)):
+                raise ValueError(f"--{field.replace('_', '-')} {value} is not allowed: it must be a finite number {rule}")
 
 
 class MicroRTSVecEnv(MicroRTSGridModeVecEnv):
@@ -207,7 +206,6 @@ def torch_default_init(agent):
     for module in agent.modules():
         if isinstance(module, (nn.Linear, nn.Conv2d)):
             module.reset_parameters()
-    return agent
 
 
 class CategoricalMasked(Categorical):
@@ -277,7 +275,7 @@ def compute_gae(rewards, values, dones, next_value, next_done, gamma, gae_lambda
 
 
 def ppo_loss(newlogprob, entropy, newvalue, oldlogprob, advantages, returns, oldvalues, args, clip_coef):
-    """Return (loss, pg_loss, v_loss, entropy_loss, old_approx_kl, approx_kl, clipfrac) for one minibatch."""
+    """One minibatch's loss and the statistics logged of it (core-12), as a PPOLoss."""
     logratio = newlogprob - oldlogprob
     ratio = logratio.exp()
     with torch.no_grad():
@@ -308,20 +306,12 @@ def ppo_loss(newlogprob, entropy, newvalue, oldlogprob, advantages, returns, old
     entropy_loss = entropy.mean()
     # detail core-10: overall loss = policy loss - ent_coef * entropy + vf_coef * value loss
     loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
-    return loss, pg_loss, v_loss, entropy_loss, old_approx_kl, approx_kl, clipfrac
+    return PPOLoss(loss, pg_loss, v_loss, entropy_loss, old_approx_kl, approx_kl, clipfrac)
 
 
 def make_optimizer(agent, args):
     # detail core-3: Adam epsilon 1e-5 (ppo2's value, not PyTorch's 1e-8; --adam-eps); foreach: same math in fewer ops
     return optim.Adam(agent.parameters(), lr=args.learning_rate, eps=args.adam_eps, foreach=True)
-
-
-def minibatches(b_inds, minibatch_size, shuffle=True):
-    """Shuffle the batch indices in place (if `shuffle`), split them into minibatches that cover the batch once."""
-    # detail core-6: mini-batch updates, shuffled, each epoch visits every sample exactly once
-    if shuffle:
-        np.random.shuffle(b_inds)
-    return [b_inds[start : start + minibatch_size] for start in range(0, len(b_inds), minibatch_size)]
 
 
 def gradient_step(optimizer, loss, max_grad_norm, clip=True):
@@ -334,15 +324,14 @@ def gradient_step(optimizer, loss, max_grad_norm, clip=True):
 
 
 def train(args):
-    """The PPO loop in CleanRL's order; what it calls for the run's folder, logs, checkpoints and Ctrl-C is below the fence."""
+    """The PPO loop in CleanRL's order; the run's folder, logs, checkpoints and Ctrl-C: below the fence."""
     # TRY NOT TO MODIFY: seeding
     random.seed(args.seed)
     np.random.seed(args.seed)
     torch.manual_seed(args.seed)
     torch.backends.cudnn.deterministic = args.torch_deterministic
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
-    checkpoint = load_checkpoint(args.resume) if args.resume else None  # --resume: the run to continue
-    run_name, run_dir, videos = open_run(args, checkpoint)  # runs/{run_name}: a new folder, or the resumed run's
+    checkpoint, run_name, run_dir, videos = open_run(args)  # runs/{run_name}: a new folder, or the --resume run's
 
     # env setup
     envs = make_envs(args, videos)
@@ -435,12 +424,14 @@ def train(args):
         b_inds = np.arange(args.batch_size)
         stats = []
         for _epoch in range(args.update_epochs):
-            for mb_inds in minibatches(b_inds, args.minibatch_size, args.shuffle_minibatches):
-                mb_inds = torch.from_numpy(mb_inds).to(device)
+            if args.shuffle_minibatches:  # detail core-6: mini-batch updates, shuffled each epoch, each sample once an epoch
+                np.random.shuffle(b_inds)
+            for start in range(0, len(b_inds), args.minibatch_size):
+                mb_inds = torch.from_numpy(b_inds[start : start + args.minibatch_size]).to(device)
                 _, newlogprob, entropy, newvalue = agent.get_action_and_value(
                     b_obs[mb_inds], b_actions[mb_inds], b_units[mb_inds], b_masks[mb_inds]
                 )
-                loss, *mb_stats = ppo_loss(
+                mb = ppo_loss(
                     newlogprob,
                     entropy,
                     newvalue,
@@ -451,11 +442,11 @@ def train(args):
                     args,
                     clip_coef,
                 )
-                gradient_step(optimizer, loss, args.max_grad_norm, args.clip_grad_norm)
-                stats.append(torch.stack(mb_stats))
+                gradient_step(optimizer, mb.loss, args.max_grad_norm, args.clip_grad_norm)
+                stats.append(torch.stack(mb[1:]))  # the statistics, the loss left out
 
             # detail aux-3: target-KL early stopping, once per epoch: the epoch's last minibatch's KL > target ends it
-            if args.target_kl is not None and mb_stats[4].item() > args.target_kl:
+            if args.target_kl is not None and mb.approx_kl.item() > args.target_kl:
                 break
 
         # detail core-12: debug variables, means over the update's minibatches (as ppo2 logs them)
@@ -527,12 +518,13 @@ def check_args(args):
     return None
 
 
-def open_run(args, checkpoint):
-    """(run_name, folder, videos): runs/{env_id}__{exp_name}__{seed}__{unix time}, taken with os.mkdir (atomic: a sweep's runs
-    each take their own), or the resumed run's folder, its videos then in a subfolder (none is overwritten)."""
-    if checkpoint:
+def open_run(args):
+    """(checkpoint, run_name, folder, videos): --resume's, its new videos in a subfolder (none is overwritten), or a new
+    runs/{env_id}__{exp_name}__{seed}__{unix time}, taken with os.mkdir (atomic: a sweep's runs each take their own)."""
+    if args.resume:
+        checkpoint = load_checkpoint(args.resume)
         name = checkpoint["run_name"]
-        return name, os.path.dirname(args.resume) or ".", f"{name}/resumed-{checkpoint['iteration'] + 1}"
+        return checkpoint, name, os.path.dirname(args.resume) or ".", f"{name}/resumed-{checkpoint['iteration'] + 1}"
     os.makedirs(os.path.dirname(f"runs/{args.env_id}"), exist_ok=True)  # runs/, or runs/ALE/ for ALE/Pong-v5
     for stamp in itertools.count(int(time.time())):
         name = f"{args.env_id}__{args.exp_name}__{args.seed}__{stamp}"
@@ -540,7 +532,7 @@ def open_run(args, checkpoint):
             os.mkdir(f"runs/{name}")
             break
     atexit.register(lambda: os.listdir(f"runs/{name}") or os.rmdir(f"runs/{name}"))  # failed before it began: no folder
-    return name, f"runs/{name}", name
+    return None, name, f"runs/{name}", name
 
 
 def open_logs(args, run_name, run_dir, checkpoint):
@@ -577,7 +569,7 @@ def upload_videos(args, videos, step):
     if args.track and args.capture_video:
         import wandb
 
-        for path in sorted(set(glob.glob(f"videos/{videos}/*.mp4")) - UPLOADED, key=os.path.getmtime):
+        for path in sorted({f"videos/{videos}/{f}" for f in os.listdir(f"videos/{videos}")} - UPLOADED, key=os.path.getmtime):
             wandb.log({"videos": wandb.Video(path, format="mp4"), **step})
             UPLOADED.add(path)
 
