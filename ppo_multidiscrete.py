@@ -545,8 +545,7 @@ def wandb_init(args, **kwargs):
 def upload_videos(args, videos, step):
     """--capture-video --track: the videos written since the last call, to wandb at `step` (global step, or episode)."""
     if args.track and args.capture_video:
-        import wandb
-
+        wandb = sys.modules["wandb"]  # imported by wandb_init
         for path in sorted({f"videos/{videos}/{f}" for f in os.listdir(f"videos/{videos}")} - UPLOADED, key=os.path.getmtime):
             wandb.log({"videos": wandb.Video(path, format="mp4"), **step})
             UPLOADED.add(path)
@@ -680,6 +679,7 @@ def main():
         sys.exit(f"error: {error}")
     if args.torch_threads > 0:
         torch.set_num_threads(args.torch_threads)  # speed: tiny matmuls lose more to thread hand-offs than they gain
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False  # float32 is float32 on GPUs too
     try:
         report_evaluation(args) if args.eval_checkpoint else train(args)
     except KeyboardInterrupt:  # a second Ctrl-C / SIGTERM: at once (a checkpoint is renamed into place whole, or not at all)
