@@ -618,7 +618,7 @@ def main():
     except KeyboardInterrupt:  # a second Ctrl-C / SIGTERM: at once (a checkpoint is renamed into place whole, or not at all)
         sys.exit("stopped at once; the last checkpoint written stays whole")
     except gym.error.Error as e:  # an unknown env id, or a package missing (Box2D for LunarLander, moviepy for videos)
-        sys.exit(f"error: {args.env_id}: {str(e).strip().splitlines()[0]}")
+        sys.exit(f"error: {args.env_id}: {e}" + " (Atari: the Atari scripts)" * isinstance(e, gym.error.NameNotFound))
 
 
 if __name__ == "__main__":

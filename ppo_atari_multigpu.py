@@ -844,7 +844,7 @@ def main():
     except KeyboardInterrupt:  # a second Ctrl-C / SIGTERM: at once (a checkpoint is renamed into place whole, or not at all)
         code = "stopped at once; the last checkpoint written stays whole"
     except gym.error.Error as e:  # an unknown env id, or a package missing (moviepy for videos)
-        code = f"error: {args.env_id}: {str(e).strip().splitlines()[0]}"
+        code = f"error: {args.env_id}: {e}"
     except SystemExit as e:
         code = e.code
     if "MASTER_ADDR" not in os.environ:

@@ -49,7 +49,7 @@ def script_at(rev, script, folder):
     "script, args, words",
     [
         ("ppo.py", ["--env-id", "Pendulum-v1"], ["Box actions: ppo_continuous_action.py"]),
-        ("ppo.py", ["--env-id", "BreakoutNoFrameskip-v4"], ["images: ppo_atari.py"]),
+        ("ppo.py", ["--env-id", "BreakoutNoFrameskip-v4"], ["doesn't exist", "(Atari: the Atari scripts)"]),
         ("ppo_continuous_action.py", ["--env-id", "CartPole-v1"], ["Discrete actions: ppo.py"]),
         ("ppo_atari.py", ["--env-id", "CartPole-v1"], ["needs an Atari id", "not 'CartPole-v1'"]),
         ("ppo.py", ["--env-id", "CartPol-v1"], ["CartPol-v1", "Did you mean", "CartPole"]),
@@ -109,7 +109,7 @@ def test_a_missing_video_encoder_is_named(tmp_path):
     (tmp_path / "nomoviepy").mkdir()
     (tmp_path / "nomoviepy" / "moviepy.py").write_text("raise ImportError('No module named moviepy')\n")
     env = {"PYTHONPATH": str(tmp_path / "nomoviepy")}
-    line = one_error_line(run_script("ppo.py", "--capture-video", cwd=tmp_path, env=env), "MoviePy", "pip install")
+    line = one_error_line(run_script("ppo.py", "--capture-video", cwd=tmp_path, env=env), "moviepy", "pip install")
     assert "CartPole-v1" in line
     assert not list(tmp_path.glob("runs/*"))
 
@@ -259,10 +259,11 @@ def test_a_checkpoint_holding_code_or_of_another_script_is_refused(tmp_path):
 
 
 def test_runs_started_in_the_same_second_each_take_their_own_folder(tmp_path):
-    launcher = "import runpy, sys, time; time.time = lambda: 1800000000.5; sys.argv = sys.argv[1:]; "
+    launcher = "import runpy, sys, time; t, t0 = time.time, time.time(); time.time = lambda: 1800000000 + (t() - t0) / 1e3; "
+    launcher += "sys.argv = sys.argv[1:]; "  # a clock in the same second for the two runs
     launcher += "runpy.run_path(sys.argv[0], run_name='__main__')"
     for _ in range(2):
-        cmd = [sys.executable, "-c", launcher, str(ROOT / "ppo.py"), *map(str, TINY), "--total-timesteps", 256]
+        cmd = [sys.executable, "-c", launcher, str(ROOT / "ppo.py"), *map(str, [*TINY, "--total-timesteps", 256])]
         assert subprocess.run(cmd, cwd=tmp_path, capture_output=True).returncode == 0
     assert [d.name for d in run_dirs(tmp_path)] == [f"CartPole-v1__ppo__1__{t}" for t in (1800000000, 1800000001)]
 
@@ -302,7 +303,7 @@ def test_resume_restores_the_state_that_was_saved(tmp_path):
     assert ppo.restore(ckpt, agent, optimizer, envs) == 3
     for name, value in agent.state_dict().items():
         assert torch.equal(value, ckpt["model"][name])
-    assert optimizer.state_dict()["state"][0]["step"] == ckpt["optimizer"]["state"][0]["step"] == 4  # 2 x 2 x ... minibatches
+    assert optimizer.state_dict()["state"][0]["step"] == ckpt["optimizer"]["state"][0]["step"] == 32  # 2 x 4 epochs x 4
     assert torch.equal(torch.get_rng_state(), ckpt["rng"]["torch"])
     assert np.array_equal(np.random.get_state()[1], ckpt["rng"]["numpy"][1].numpy())
     envs.close()

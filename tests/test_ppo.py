@@ -28,7 +28,7 @@ def small_args(module, **overrides):
 
 
 def cartpole_envs(module, num_envs=2):
-    return module.make_envs(small_args(module, num_envs=num_envs), "test")
+    return module.make_envs(small_args(module, num_envs=num_envs), None)
 
 
 def assert_orthogonal(weight, gain):
@@ -303,18 +303,20 @@ def test_global_gradient_clipping(ppo):
     assert norm_after == pytest.approx(0.5, rel=1e-3)
 
 
-def test_check_args_messages(ppo):
-    assert "does not divide" in ppo.check_args(ppo.Args(num_minibatches=3))
-    assert "smaller than one batch" in ppo.check_args(ppo.Args(total_timesteps=100))
-    assert "unknown environment id" in ppo.check_args(ppo.Args(env_id="NoSuchEnv-v0"))
+def test_check_args_and_check_env_messages(ppo):
+    assert "does not divide the batch (512)" in ppo.check_args(ppo.Args(num_minibatches=3))
+    assert "below one batch (512)" in ppo.check_args(ppo.Args(total_timesteps=100))
+    args = ppo.Args(num_envs=2, num_steps=64, total_timesteps=1000)
+    assert ppo.check_args(args) is None and (args.batch_size, args.minibatch_size, args.num_iterations) == (128, 32, 7)
     envs = gym.vector.SyncVectorEnv([lambda: gym.make("Pendulum-v1")])
-    assert "ppo_continuous_action.py" in ppo.check_env(envs)
+    with pytest.raises(SystemExit, match="Box actions: ppo_continuous_action.py"):
+        ppo.check_env(envs)
     envs.close()
     discrete = gym.spaces.Discrete(4)
     images = SimpleNamespace(single_action_space=discrete, single_observation_space=gym.spaces.Box(0, 255, (84, 84, 3)))
-    assert "use ppo_atari.py" in ppo.check_env(images)
-    flat = SimpleNamespace(single_action_space=discrete, single_observation_space=gym.spaces.Box(0, 1, (8,)))
-    assert ppo.check_env(flat) is None
+    with pytest.raises(SystemExit, match="images: ppo_atari.py"):
+        ppo.check_env(images)
+    ppo.check_env(SimpleNamespace(single_action_space=discrete, single_observation_space=gym.spaces.Box(0, 1, (8,))))
 
 
 # --- whole runs -------------------------------------------------------------------------------------------
@@ -394,119 +396,17 @@ def test_same_seed_same_losses(tmp_path):
     assert logs[0] and logs[0] == logs[1]
 
 
-@pytest.mark.parametrize(
-    "args, message",
-    [
-        (["--env-id", "NoSuchEnv-v0"], "unknown environment id 'NoSuchEnv-v0'"),
-        (["--env-id", "Pendulum-v1"], "use ppo_continuous_action.py"),
-        (["--env-id", "BreakoutNoFrameskip-v4"], "Atari ids run with ppo_atari.py"),
-        (["--num-minibatches", "3"], "does not divide the batch of 512"),
-        (["--total-timesteps", "100"], "smaller than one batch"),
-        (["--resume", "missing.pt"], "checkpoint 'missing.pt' does not exist"),
-        (["--eval-checkpoint", "corrupt.pt"], "cannot load checkpoint 'corrupt.pt'"),
-        (["--resume", "notackpt.pt"], "is not a checkpoint written by this project's scripts"),
-        (["--eval-checkpoint", "corrupt.pt", "--eval-episodes", "0"], "--eval-episodes 0 is not allowed: it must be"),
-        (["--learning-rate", "-1"], "--learning-rate -1.0 is not allowed: it must be at least 0"),
-        (["--max-grad-norm", "-0.5"], "--max-grad-norm -0.5 is not allowed: it must be above 0"),
-        (["--max-grad-norm", "nan"], "--max-grad-norm nan is not allowed: it must be above 0"),
-        (["--learning-rate", "nan"], "--learning-rate nan is not allowed"),
-        (["--gamma", "1.5"], "--gamma 1.5 is not allowed: it must be in [0, 1]"),
-        (["--save-every", "-5"], "--save-every -5 is not allowed: it must be at least 0"),
-        (["--seed", "-1"], "--seed -1 is not allowed"),
-    ],
-)
-def test_bad_input_one_clear_line(args, message, tmp_path):
-    (tmp_path / "corrupt.pt").write_bytes(b"\x80\x02not a checkpoint at all")
-    torch.save({"weights": torch.zeros(2)}, tmp_path / "notackpt.pt")
-    res = run_script("ppo.py", *args, cwd=tmp_path)
-    assert res.returncode != 0
-    lines = res.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], res.stderr
-    assert not (tmp_path / "runs").exists()  # nothing started
-
-
-def start_and_signal(tmp_path, sig, *args, wait=1.0):
-    cmd = [sys.executable, str(ROOT / "ppo.py"), *map(str, args)]
-    proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    out = []
-    for line in proc.stdout:  # wait for the first status line (printed after iteration 1), then a little more
-        out.append(line)
-        if line.startswith("step "):
-            break
-    time.sleep(wait)
-    proc.send_signal(sig)
-    out.extend(proc.stdout)
-    proc.wait(timeout=120)
-    return proc.returncode, "".join(out)
-
-
-def test_interrupt_then_resume_continues_the_schedule(tmp_path):
-    args = ["--total-timesteps", 20480, "--exp-name", "cut"]
-    rc, out = start_and_signal(tmp_path, signal.SIGINT, *args)
-    assert rc == 130, out
-    (run_dir,) = run_dirs(tmp_path)
-    ckpt_path = run_dir / "checkpoint.pt"
-    ckpt = torch.load(ckpt_path, weights_only=True)
-    k = ckpt["iteration"]
-    assert 1 <= k < 40 and ckpt["global_step"] == 512 * k, out
-    flushed = read_scalars(run_dir)["charts/learning_rate"]
-    assert flushed[-1][0] >= 512 * k  # events up to the checkpoint are on disk
-
-    res = run_script("ppo.py", "--resume", ckpt_path, cwd=tmp_path)
-    assert res.returncode == 0, res.stderr
-    assert f"iterations {k + 1}..40" in res.stdout
-    resumed = dict(read_scalars(run_dir)["charts/learning_rate"])
-    assert max(resumed) == 20480  # finished at the same total steps, in the same run directory
-
-    res = run_script("ppo.py", *args[:2], "--exp-name", "whole", cwd=tmp_path)
-    assert res.returncode == 0, res.stderr
-    (whole_dir,) = [d for d in run_dirs(tmp_path) if "__whole__" in d.name]
-    whole = dict(read_scalars(whole_dir)["charts/learning_rate"])
-    step_after_resume = 512 * (k + 1)
-    assert resumed[step_after_resume] == whole[step_after_resume]
-    assert sorted(resumed) == sorted(whole) and resumed == whole  # no jump back, one value per step
-
-
-def test_sigterm_checkpoints_and_exits_non_zero(tmp_path):
-    rc, out = start_and_signal(tmp_path, signal.SIGTERM, "--total-timesteps", 200000, wait=0.5)
-    assert rc == 128 + signal.SIGTERM, out
-    (run_dir,) = run_dirs(tmp_path)
-    assert torch.load(run_dir / "checkpoint.pt", weights_only=True)["iteration"] >= 1
-    assert "charts/learning_rate" in read_scalars(run_dir)
-
-
-class Exploit:
-    def __init__(self, marker):
-        self.marker = marker
-
-    def __reduce__(self):
-        return (subprocess.call, (["touch", self.marker],))
-
-
-def test_checkpoint_that_runs_code_is_refused(tmp_path, ppo):
-    marker = tmp_path / "pwned"
-    torch.save({"model": Exploit(str(marker))}, tmp_path / "evil.pt")
-    for flag in ["--eval-checkpoint", "--resume"]:
-        res = run_script("ppo.py", flag, "evil.pt", cwd=tmp_path)
-        assert res.returncode != 0 and "cannot load checkpoint" in res.stderr, res.stderr
-    with pytest.raises(SystemExit):
-        ppo.load_checkpoint(str(tmp_path / "evil.pt"))
-    assert not marker.exists()
-
-
 def test_save_model_then_evaluate(tmp_path):
     res = run_script("ppo.py", "--total-timesteps", 2048, "--save-model", "--save-every", 2, cwd=tmp_path)
     assert res.returncode == 0, res.stderr
     (run_dir,) = run_dirs(tmp_path)
     ckpt = torch.load(run_dir / "checkpoint.pt", weights_only=True)
     assert ckpt["iteration"] == 4 and ckpt["global_step"] == 2048
-    assert set(ckpt) >= {"model", "optimizer", "args", "rng", "run_name"}
+    assert set(ckpt) >= {"script", "model", "optimizer", "args", "rng", "run_name", "iteration", "global_step", "wandb_id"}
     assert not list(run_dir.glob("*.tmp*"))  # written atomically, no leftovers
     res = run_script("ppo.py", "--eval-checkpoint", run_dir / "checkpoint.pt", "--eval-episodes", 3, cwd=tmp_path)
     assert res.returncode == 0, res.stderr
     assert "eval: 3 episodes, mean return" in res.stdout
-    res = run_script("ppo_shared.py", "--eval-checkpoint", run_dir / "checkpoint.pt", cwd=tmp_path)
-    assert res.returncode != 0 and "written by ppo.py" in res.stderr
 
 
 def test_evaluate_records_videos_and_plays_the_same_episodes_again(tmp_path):
@@ -522,12 +422,9 @@ def test_evaluate_records_videos_and_plays_the_same_episodes_again(tmp_path):
         (line,) = [line for line in res.stdout.splitlines() if line.startswith("eval: each episode's return")]
         plays.append([float(r) for r in line.split(":")[-1].split()])
     assert len(plays[0]) == 3 and plays[0] == plays[1]  # sampled actions, yet seeded: the same three episodes
-    videos = sorted(p.name for p in (tmp_path / "videos" / f"{run_dir.name}-eval").glob("*.mp4"))
+    (folder,) = (tmp_path / "videos").glob(f"{run_dir.name}-eval-*")  # videos/<run_name>-eval-<unix time>/
+    videos = sorted(p.name for p in folder.glob("*.mp4"))
     assert videos == ["rl-video-episode-0.mp4", "rl-video-episode-1.mp4"]  # RecordVideo's schedule: 0, 1, 8, ...
-    (tmp_path / "one").mkdir()  # one episode: the reset after it begins episode 1's video, which must not be left behind
-    res = run_script("ppo.py", "--eval-checkpoint", ckpt, "--eval-episodes", 1, "--capture-video", cwd=tmp_path / "one")
-    assert res.returncode == 0, res.stderr
-    assert [p.name for p in (tmp_path / "one" / "videos").rglob("*.mp4")] == ["rl-video-episode-0.mp4"]
     assert len(list((tmp_path / "wandb").glob("offline-run-*"))) == wandb_runs  # the run's --track is not replayed
 
 
@@ -556,94 +453,6 @@ def test_status_line_reaches_a_log_file_while_the_run_goes_on(tmp_path):
     assert b"training CartPole-v1" in lines and b"| SPS" in lines, lines  # the first iteration's line, run still going
 
 
-def test_resume_extends_a_run_refuses_other_settings_and_knows_when_it_is_done(tmp_path):
-    res = run_script("ppo.py", "--total-timesteps", 2048, "--save-model", cwd=tmp_path)  # 4 iterations of 512 steps
-    assert res.returncode == 0, res.stderr
-    (run_dir,) = run_dirs(tmp_path)
-    ckpt = run_dir / "checkpoint.pt"
-    before = read_scalars(run_dir)["charts/learning_rate"]
-
-    res = run_script("ppo.py", "--resume", ckpt, cwd=tmp_path)  # finished, no new total: says so, does nothing
-    assert res.returncode == 0 and "is complete (2048 steps); a larger --total-timesteps extends it" in res.stdout
-    assert read_scalars(run_dir)["charts/learning_rate"] == before
-
-    res = run_script(
-        "ppo.py", "--resume", ckpt, "--learning-rate", 1e-3, "--gamma=0.9", "--total-timesteps", 4096, cwd=tmp_path
-    )
-    lines = res.stderr.strip().splitlines()
-    assert res.returncode == 1 and len(lines) == 1 and "--gamma 0.9 (the run's: 0.99)" in lines[0], res.stderr
-    assert "--learning-rate 0.001 (the run's: 0.00025)" in lines[0] and "keeps the settings it learned with" in lines[0]
-    res = run_script("ppo.py", "--resume", ckpt, "--no-anneal-lr", cwd=tmp_path)
-    assert res.returncode == 1 and "--anneal-lr False (the run's: True)" in res.stderr
-    res = run_script("ppo.py", "--resume", ckpt, "--total-timesteps", 1024, cwd=tmp_path)
-    assert res.returncode == 1 and "is below the 2048 steps the run has done" in res.stderr
-    assert read_scalars(run_dir)["charts/learning_rate"] == before  # nothing started
-    assert torch.load(ckpt, weights_only=True)["iteration"] == 4
-
-    # a larger total extends the run; the schedule is recomputed over the new total (README: "Interrupting and resuming")
-    res = run_script("ppo.py", "--resume", ckpt, "--total-timesteps", 4096, "--torch-threads", 2, cwd=tmp_path)
-    assert res.returncode == 0, res.stderr
-    assert "iterations 5..8" in res.stdout
-    lrs = read_scalars(run_dir)["charts/learning_rate"]
-    assert lrs[:4] == before and [s for s, _ in lrs] == [512 * k for k in range(1, 9)]
-    np.testing.assert_allclose([v for _, v in lrs[4:]], [2.5e-4 * (1 - (k - 1) / 8) for k in range(5, 9)], rtol=1e-6)
-    saved = torch.load(ckpt, weights_only=True)
-    assert saved["iteration"] == 8 and saved["args"]["total_timesteps"] == 4096 and saved["args"]["torch_threads"] == 2
-
-
-def test_resume_rules_are_the_same_lines_in_every_script():
-    sources = {}
-    for path in sorted(ROOT.glob("ppo*.py")):
-        text = path.read_text()
-        start = text.index("# with --resume, these flags apply when given")
-        sources[path.name] = text[start : text.index("\n\n\n", text.index("def resume_args", start))]
-    assert len(sources) == 9 and len(set(sources.values())) == 1, sorted(sources)
-
-
-BAD_VALUES = {  # a value outside each numeric flag's domain (the code would fail on it, or silently reinterpret it)
-    "seed": -1, "total_timesteps": 0, "num_envs": 0, "num_steps": -3, "num_minibatches": 0, "update_epochs": 0,
-    "learning_rate": float("nan"), "gamma": 1.01, "gae_lambda": -0.1, "clip_coef": -0.2, "ent_coef": -0.01,
-    "vf_coef": float("nan"), "max_grad_norm": 0.0, "target_kl": -0.01, "torch_threads": -1, "save_every": -50,
-    "eval_episodes": 0, "max_episode_frames": 0, "frame_stack": 0, "adam_eps": 0.0, "noop_max": -1,
-}  # fmt: skip
-
-
-def with_microrts_mark(scripts):
-    """The MicroRTS scripts' check_args first asks for gym-microrts: without it their cases skip, as the others do."""
-    from test_multidiscrete import needs_microrts
-
-    return [pytest.param(s, marks=needs_microrts) if "multidiscrete" in s else s for s in scripts]
-
-
-@pytest.mark.parametrize("script", with_microrts_mark(sorted(p.name for p in ROOT.glob("ppo*.py"))))
-def test_every_numeric_flag_outside_its_domain_is_refused_in_one_line(script):
-    module = load_script(script)
-    fields = [f for f in BAD_VALUES if f in module.Args.__dataclass_fields__]
-    numeric = [f for f, t in module.Args.__annotations__.items() if t in (int, float, int | None, float | None)]
-    computed = {"batch_size", "minibatch_size", "num_iterations"}
-    assert set(numeric) - computed == set(fields), script  # every numeric flag of the script has a domain here
-    for field in fields:
-        error = module.check_args(module.Args(**{field: BAD_VALUES[field]}))
-        flag = "--" + field.replace("_", "-")
-        assert error and error.startswith(f"{flag} {BAD_VALUES[field]} is not allowed: it must be "), (script, error)
-        assert "\n" not in error
-    assert module.domain_error(module.Args()) is None  # the defaults are inside
-    for field in ["batch_size", "minibatch_size", "num_iterations"]:  # computed: a given value would be overwritten
-        error = module.check_args(module.Args(**{field: 7}))
-        assert error.startswith(f"--{field.replace('_', '-')} is computed from the other flags"), (script, error)
-    args = module.Args()
-    assert module.check_args(args) is None and module.check_args(args) is None  # filled in once, checked again: fine
-
-
-def test_flag_domains_are_the_same_lines_in_every_script():
-    sources = set()
-    for path in ROOT.glob("ppo*.py"):
-        text = path.read_text()
-        start = text.index("# the domain of each numeric flag")
-        sources.add(text[start : text.index("\n\n\ndef check_args", start)])
-    assert len(sources) == 1
-
-
 def run_without(tmp_path, *args, drop=(), extra=None):
     """Run ppo.py in tmp_path with the environment variables `drop` removed (run_script sets WANDB_MODE=offline)."""
     env = {k: v for k, v in os.environ.items() if k not in drop}
@@ -655,79 +464,19 @@ def test_env_whose_optional_dependency_is_missing_is_named_in_one_line(tmp_path)
     fake = tmp_path / "fake"
     fake.mkdir()
     (fake / "Box2D.py").write_text("raise ImportError('simulated: Box2D is absent')\n")  # absent even where installed
-    res = run_without(tmp_path, "--env-id", "LunarLander-v3", extra={"PYTHONPATH": str(fake)})
+    res = run_script("ppo.py", "--env-id", "LunarLander-v3", cwd=tmp_path, env={"PYTHONPATH": str(fake)})
     lines = res.stderr.strip().splitlines()
     assert res.returncode == 1 and len(lines) == 1, res.stderr
-    assert lines[0].startswith("error: LunarLander-v3 needs a package that is not installed") and "box2d" in lines[0]
-    assert not (tmp_path / "runs").exists()
-
-
-def test_track_without_wandb_credentials_says_what_to_set(tmp_path, ppo, monkeypatch):
-    drop = ("WANDB_MODE", "WANDB_API_KEY", "NETRC")
-    res = run_without(tmp_path, "--track", drop=drop, extra={"HOME": str(tmp_path)})  # no ~/.netrc: never logged in
-    lines = res.stderr.strip().splitlines()
-    assert res.returncode == 1 and len(lines) == 1 and "wandb login" in lines[0] and "WANDB_MODE=offline" in lines[0]
-    assert not (tmp_path / "runs").exists() and not (tmp_path / "wandb").exists()
-    for name in drop:
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("HOME", str(tmp_path))
-    assert "credentials" in ppo.missing_piece_error(ppo.Args(track=True))
-    monkeypatch.setenv("WANDB_MODE", "offline")
-    assert ppo.missing_piece_error(ppo.Args(track=True)) is None
-    monkeypatch.delenv("WANDB_MODE")
-    (tmp_path / ".netrc").write_text("machine api.wandb.ai\n  login user\n  password secret\n")
-    (tmp_path / ".netrc").chmod(0o600)
-    assert ppo.missing_piece_error(ppo.Args(track=True)) is None  # `wandb login` writes this
-
-
-def test_missing_video_encoder_or_wandb_is_named(ppo, monkeypatch):
-    real = ppo.importlib.util.find_spec
-    monkeypatch.setattr(ppo.importlib.util, "find_spec", lambda name, *a: None if name in ("moviepy", "wandb") else real(name))
-    monkeypatch.delenv("WANDB_MODE", raising=False)
-    assert "pip install moviepy" in ppo.check_args(ppo.Args(capture_video=True))
-    assert "pip install wandb" in ppo.check_args(ppo.Args(track=True))
-    assert ppo.check_args(ppo.Args()) is None
+    assert lines[0].startswith("error: LunarLander-v3: ") and "box2d" in lines[0]
+    assert not list(tmp_path.glob("runs/*"))
 
 
 def small_checkpoint(ppo, path, iteration):
     envs = cartpole_envs(ppo)
     agent = ppo.Agent(envs)
-    envs.close()
     args = small_args(ppo)
-    return ppo.save_checkpoint(str(path), agent, ppo.make_optimizer(agent, args), args, "run", iteration, ppo.rng_states())
-
-
-def exit_message(fn, *args):
-    with pytest.raises(SystemExit) as e:
-        fn(*args)
-    return str(e.value.code)
-
-
-def test_checkpoint_paths_each_get_their_own_message(ppo, tmp_path, monkeypatch):
-    good = tmp_path / "good.pt"
-    small_checkpoint(ppo, good, 3)
-    assert ppo.load_checkpoint(str(good))["iteration"] == 3
-    (tmp_path / "folder").mkdir()
-    assert "is a directory; give the file" in exit_message(ppo.load_checkpoint, str(tmp_path / "folder"))
-    (tmp_path / "empty.pt").write_bytes(b"")
-    assert "is empty (0 bytes)" in exit_message(ppo.load_checkpoint, str(tmp_path / "empty.pt"))
-    (tmp_path / "cut.pt").write_bytes(good.read_bytes()[:2000])
-    assert "truncated or corrupt" in exit_message(ppo.load_checkpoint, str(tmp_path / "cut.pt"))
-    assert "does not exist" in exit_message(ppo.load_checkpoint, str(tmp_path / "nothing.pt"))
-    other = torch.load(good, weights_only=True) | {"script": "ppo_atari.py"}
-    torch.save(other, tmp_path / "atari.pt")
-    assert "written by ppo_atari.py; load it with that script" in exit_message(ppo.load_checkpoint, str(tmp_path / "atari.pt"))
-    monkeypatch.setattr(ppo.os, "access", lambda path, mode: False)  # unreadable (root reads any file: simulated)
-    assert "cannot be read (permission denied)" in exit_message(ppo.load_checkpoint, str(good))
-
-
-def test_a_run_directory_that_cannot_be_written_is_refused_before_training(tmp_path):
-    (tmp_path / "runs").write_text("a file where the runs folder should be\n")
-    res = run_script("ppo.py", "--total-timesteps", 1024, cwd=tmp_path)
-    lines = res.stderr.strip().splitlines()
-    assert res.returncode == 1 and len(lines) == 1, res.stderr
-    assert lines[0].startswith("error: cannot write the run directory runs/CartPole-v1__ppo__1__")
-    assert "step " not in res.stdout
+    ppo.save_checkpoint(str(path), agent, ppo.make_optimizer(agent, args), envs, args, "run", iteration)
+    envs.close()
 
 
 KILL_DURING_WRITE = """
@@ -756,47 +505,17 @@ def test_sigkill_while_writing_a_checkpoint_keeps_the_previous_one(ppo, tmp_path
     assert ppo.load_checkpoint(str(path))["iteration"] == 6  # ...and the previous checkpoint is whole
 
 
-@pytest.mark.parametrize("errno, text", [(28, "No space left on device"), (30, "Read-only file system")])
-def test_full_disk_or_read_only_at_checkpoint_time_gives_one_line_and_keeps_the_previous(
-    ppo, tmp_path, monkeypatch, capsys, errno, text
-):
-    path = tmp_path / "checkpoint.pt"
-    assert small_checkpoint(ppo, path, 6) is True
-    capsys.readouterr()
-
-    def failing_save(obj, target):
-        with open(target, "wb") as f:
-            f.write(b"partial")
-        raise OSError(errno, text)
-
-    monkeypatch.setattr(ppo.torch, "save", failing_save)
-    assert small_checkpoint(ppo, path, 7) is False  # the caller does not claim a checkpoint was written
-    err = capsys.readouterr().err.strip().splitlines()
-    assert err == [f"error: cannot write the checkpoint {path} ([Errno {errno}] {text}); the previous one is kept"]
-    monkeypatch.undo()
-    assert ppo.load_checkpoint(str(path))["iteration"] == 6 and not list(tmp_path.glob("*.tmp*"))
-
-
-@pytest.mark.parametrize("script", sorted(p.name for p in ROOT.glob("ppo*.py")))
-def test_a_flag_outside_its_domain_exits_with_one_line_before_anything_starts(script, tmp_path):
-    res = run_script(script, "--save-every", -1, cwd=tmp_path, env={"OMP_NUM_THREADS": "1"})
-    lines = res.stderr.strip().splitlines()
-    assert res.returncode == 1 and len(lines) == 1, res.stderr
-    assert lines[0] == "error: --save-every -1 is not allowed: it must be at least 0 (0: a checkpoint only at the end)"
-    assert not (tmp_path / "runs").exists() and "training" not in res.stdout
-
-
 def test_a_second_signal_during_a_checkpoint_write_leaves_no_temporary_file(ppo, tmp_path, monkeypatch):
     path = tmp_path / "checkpoint.pt"
-    assert small_checkpoint(ppo, path, 6) is True
+    small_checkpoint(ppo, path, 6)
 
-    def interrupted_save(obj, target):  # the second Ctrl-C / SIGTERM arrives mid-write (StopRequest raises)
+    def interrupted_save(obj, target):  # the second Ctrl-C / SIGTERM arrives mid-write (the handler raises)
         with open(target, "wb") as f:
             f.write(b"partial")
         raise KeyboardInterrupt
 
     monkeypatch.setattr(ppo.torch, "save", interrupted_save)
-    with pytest.raises(KeyboardInterrupt):  # main() closes the logs and exits 128 + signal
+    with pytest.raises(KeyboardInterrupt):  # main() says it stopped at once
         small_checkpoint(ppo, path, 7)
     monkeypatch.undo()
-    assert ppo.load_checkpoint(str(path))["iteration"] == 6 and not list(tmp_path.glob("*.tmp*"))
+    assert ppo.load_checkpoint(str(path))["iteration"] == 6 and [p.name for p in tmp_path.iterdir()] == ["checkpoint.pt"]

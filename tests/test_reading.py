@@ -16,7 +16,7 @@ LOOP = "for step in range(args.num_steps)"
 LOOP_AT_MOST = {
     "ppo.py": 300,
     "ppo_shared.py": 300,
-    "ppo_atari.py": 441,
+    "ppo_atari.py": 442,
     "ppo_atari_lstm.py": 501,  # +1: the bf16 copy's LSTM flattened (issue 64)
     "ppo_atari_envpool.py": 452,
     "ppo_atari_multigpu.py": 465,
@@ -84,16 +84,16 @@ def test_train_calls_the_plumbing_in_plain_one_line_calls(script):
     train = defs["train"]
     below = {name for name, n in defs.items() if n.lineno > fences[0]}
     calls = [n for n in ast.walk(train) if isinstance(n, ast.Call) and ast.unparse(n.func) in below]
-    assert 8 <= len(calls) <= 14, f"{script}: {[ast.unparse(c.func) for c in calls]}"
+    assert 7 <= len(calls) <= 12, f"{script}: {[ast.unparse(c.func) for c in calls]}"
     for call in calls:
         assert call.lineno == call.end_lineno, f"{script}:{call.lineno}: {ast.unparse(call)} over several lines"
     # the loop is CleanRL's: a range over the iterations, the save and the stop at its end, nothing inline
     loop = next(n for n in train.body if isinstance(n, ast.For) and ast.unparse(n.target) == "iteration")
     assert ast.unparse(loop.iter) == "range(start_iteration, args.num_iterations + 1)"
-    assert "stop.requested" in ast.unparse(loop.body[-1]) and "break" in ast.unparse(loop.body[-1])
+    assert ast.unparse(loop.body[-1]) in ("if stop.requested:\n    break", "if stopping:\n    break")  # multigpu: all ranks' stop
     source = ast.get_source_segment(text, train)
     assert not any(isinstance(n, ast.Try) for n in ast.walk(train))
-    for word in ("sys.exit", "signal.", "torch.save", "torch.load", "tempfile", "SummaryWriter(", "wandb"):
+    for word in ("sys.exit", "signal.", "torch.save", "torch.load", "tempfile", "SummaryWriter(", "wandb."):
         assert word not in source, f"{script}: {word} in train()"
 
 
