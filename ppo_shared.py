@@ -420,8 +420,10 @@ def check_args(args):
 
 def check_env(envs):
     """Exit with one line naming the script to use when this one cannot take the envs."""
-    if not isinstance(envs.single_action_space, gym.spaces.Discrete) or len(envs.single_observation_space.shape or ()) != 1:
-        sys.exit("error: this script takes Discrete actions, flat observations (Box actions: ppo_continuous_action.py)")
+    if not isinstance(envs.single_action_space, gym.spaces.Discrete):
+        sys.exit("error: this script takes Discrete actions; for Box (continuous) actions use ppo_continuous_action.py")
+    if len(envs.single_observation_space.shape or ()) != 1:
+        sys.exit("error: this script takes flat (1-D) observations; for images use ppo_atari.py")
 
 
 def open_run(args):

@@ -16,7 +16,7 @@ ONE_THREAD = {"OMP_NUM_THREADS": "1"}
 
 
 def native_bf16():
-    return load_script("ppo_atari.py").bf16_error(load_script("ppo_atari.py").Args(cuda=False)) is None
+    return load_script("ppo_atari.py").bf16_native(load_script("ppo_atari.py").Args(cuda=False))
 
 
 needs_bf16 = pytest.mark.skipif(not native_bf16(), reason="this CPU has no AVX512-BF16 or AMX-BF16 (--bf16 is refused)")

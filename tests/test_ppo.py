@@ -67,7 +67,7 @@ CATEGORICAL_SCRIPTS += ["ppo_atari_multigpu.py"]
 def written_out_categorical(script):
     """The lines of a script's policy from its 'Categorical distribution written out' comment to its return."""
     lines = (ROOT / script).read_text().splitlines()
-    start = next(i for i, line in enumerate(lines) if "the Categorical distribution written out" in line)
+    start = next(i for i, line in enumerate(lines) if "the Categorical written out" in line)
     end = next(i for i in range(start, len(lines)) if lines[i].strip().startswith("return "))
     return lines[start:end]
 
@@ -219,17 +219,25 @@ def test_gae_hand_computed_boundary(ppo):
 
 
 # core-6
-def test_minibatches_cover_the_batch_once_per_epoch(ppo):
-    np.random.seed(0)
-    b_inds = np.arange(512)
-    orders = []
-    for _epoch in range(3):
-        mbs = ppo.minibatches(b_inds, 128)
-        assert [len(mb) for mb in mbs] == [128] * 4
-        visited = np.concatenate(mbs)
-        np.testing.assert_array_equal(np.sort(visited), np.arange(512))
-        orders.append(visited.copy())
-    assert not np.array_equal(orders[0], orders[1]) and not np.array_equal(orders[0], np.arange(512))
+@pytest.mark.parametrize("shuffle", [True, False])
+def test_each_epoch_takes_the_batch_in_a_new_order_in_whole_minibatches(shuffle, tmp_path, monkeypatch):
+    """train() shuffles the batch indices once an epoch (not with --no-shuffle-minibatches) and steps once a minibatch."""
+    ppo = load_script("ppo.py")
+    shuffled, steps, real_shuffle, real_step = [], [], np.random.shuffle, ppo.gradient_step
+    monkeypatch.setattr(np.random, "shuffle", lambda x: (real_shuffle(x), shuffled.append(x.copy())))
+    monkeypatch.setattr(ppo, "gradient_step", lambda *a: (steps.append(1), real_step(*a)))
+    monkeypatch.setattr(ppo, "catch_signals", lambda: SimpleNamespace(requested=0))  # pytest keeps its own handlers
+    monkeypatch.chdir(tmp_path)
+    args = small_args(ppo, num_envs=2, num_steps=64, total_timesteps=256, shuffle_minibatches=shuffle)
+    ppo.train(args)
+    assert len(steps) == 2 * 4 * 4  # 2 iterations x 4 epochs x 4 minibatches
+    if not shuffle:
+        assert shuffled == []  # each epoch takes the batch in its order, 0..127
+        return
+    assert len(shuffled) == 2 * 4
+    for order in shuffled:
+        np.testing.assert_array_equal(np.sort(order), np.arange(128))  # a permutation: every sample once an epoch
+    assert len({tuple(order) for order in shuffled}) == 8 and tuple(shuffled[0]) != tuple(range(128))
 
 
 def loss_parts(ppo, ratios, advantages, norm_adv=False, clip_vloss=True, newvalue=None, oldvalues=None, returns=None):

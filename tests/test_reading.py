@@ -90,7 +90,10 @@ def test_train_calls_the_plumbing_in_plain_one_line_calls(script):
     # the loop is CleanRL's: a range over the iterations, the save and the stop at its end, nothing inline
     loop = next(n for n in train.body if isinstance(n, ast.For) and ast.unparse(n.target) == "iteration")
     assert ast.unparse(loop.iter) == "range(start_iteration, args.num_iterations + 1)"
-    assert ast.unparse(loop.body[-1]) in ("if stop.requested:\n    break", "if stopping:\n    break")  # multigpu: all ranks' stop
+    assert ast.unparse(loop.body[-1]) in (
+        "if stop.requested:\n    break",
+        "if stopping:\n    break",
+    )  # multigpu: all ranks' stop
     source = ast.get_source_segment(text, train)
     assert not any(isinstance(n, ast.Try) for n in ast.walk(train))
     for word in ("sys.exit", "signal.", "torch.save", "torch.load", "tempfile", "SummaryWriter(", "wandb."):
