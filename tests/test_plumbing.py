@@ -48,7 +48,7 @@ def script_at(rev, script, folder):
 @pytest.mark.parametrize(
     "script, args, words",
     [
-        ("ppo.py", ["--env-id", "Pendulum-v1"], ["Box actions: ppo_continuous_action.py"]),
+        ("ppo.py", ["--env-id", "Pendulum-v1"], ["use ppo_continuous_action.py"]),
         ("ppo.py", ["--env-id", "BreakoutNoFrameskip-v4"], ["doesn't exist", "(Atari: the Atari scripts)"]),
         ("ppo_continuous_action.py", ["--env-id", "CartPole-v1"], ["Discrete actions: ppo.py"]),
         ("ppo_atari.py", ["--env-id", "CartPole-v1"], ["needs an Atari id", "not 'CartPole-v1'"]),

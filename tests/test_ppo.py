@@ -317,12 +317,12 @@ def test_check_args_and_check_env_messages(ppo):
     args = ppo.Args(num_envs=2, num_steps=64, total_timesteps=1000)
     assert ppo.check_args(args) is None and (args.batch_size, args.minibatch_size, args.num_iterations) == (128, 32, 7)
     envs = gym.vector.SyncVectorEnv([lambda: gym.make("Pendulum-v1")])
-    with pytest.raises(SystemExit, match="Box actions: ppo_continuous_action.py"):
+    with pytest.raises(SystemExit, match="use ppo_continuous_action.py"):
         ppo.check_env(envs)
     envs.close()
     discrete = gym.spaces.Discrete(4)
     images = SimpleNamespace(single_action_space=discrete, single_observation_space=gym.spaces.Box(0, 255, (84, 84, 3)))
-    with pytest.raises(SystemExit, match="images: ppo_atari.py"):
+    with pytest.raises(SystemExit, match="for images use ppo_atari.py"):
         ppo.check_env(images)
     ppo.check_env(SimpleNamespace(single_action_space=discrete, single_observation_space=gym.spaces.Box(0, 1, (8,))))
 
