@@ -272,7 +272,7 @@ def train(args):
     optimizer = make_optimizer(agent, args)
     start_iteration = restore(checkpoint, agent, optimizer, envs) if checkpoint else 1  # weights, Adam, RNGs
     global_step = (start_iteration - 1) * args.batch_size
-    writer = open_logs(args, run_name, run_dir, checkpoint)  # TensorBoard (+ wandb with --track); resumed: curves go on
+    writer = open_logs(args, run_name, run_dir, checkpoint, device)  # TensorBoard (+ wandb with --track); curves go on
     stop = catch_signals()  # Ctrl-C / SIGTERM: the run stops after the current iteration, with a checkpoint
 
     # ALGO Logic: Storage setup
@@ -433,7 +433,7 @@ def check_env(envs):
 
 def open_run(args):
     """(checkpoint, run_name, folder, videos): --resume's, its new videos in a subfolder (none is overwritten), or a new
-    runs/{env_id}__{exp_name}__{seed}__{unix time}, taken with os.mkdir (atomic: a sweep's runs each take their own)."""
+    runs/{env_id}__{exp_name}__{seed}__{unix time} by os.mkdir (atomic: a sweep's runs each take one), gone if left empty."""
     if args.resume:
         checkpoint = load_checkpoint(args.resume)
         name = checkpoint["run_name"]
@@ -444,11 +444,11 @@ def open_run(args):
         with contextlib.suppress(FileExistsError):
             os.mkdir(f"runs/{name}")
             break
-    atexit.register(lambda: os.listdir(f"runs/{name}") or os.rmdir(f"runs/{name}"))  # failed before it began: no folder
+    atexit.register(lambda p=os.path.abspath(f"runs/{name}"): os.path.isdir(p) and not os.listdir(p) and os.rmdir(p))
     return None, name, f"runs/{name}", name
 
 
-def open_logs(args, run_name, run_dir, checkpoint):
+def open_logs(args, run_name, run_dir, checkpoint, device):
     """wandb with --track, then TensorBoard; a resumed run's curves go on from its checkpoint (later points purged)."""
     step = checkpoint["global_step"] if checkpoint else 0
     if args.track:  # a resumed run goes on in the same wandb run
@@ -458,7 +458,7 @@ def open_logs(args, run_name, run_dir, checkpoint):
     atexit.register(writer.close)  # an exit on an error keeps what was logged
     table = "\n".join([f"|{key}|{value}|" for key, value in vars(args).items()])  # each segment's settings, at its start
     writer.add_text("hyperparameters", f"|param|value|\n|-|-|\n{table}", global_step=step)
-    print(f"training {run_name} from step {step} to {args.num_iterations * args.batch_size}", flush=True)
+    print(f"training {run_name} on {device} from step {step} to {args.num_iterations * args.batch_size}", flush=True)
     return writer
 
 

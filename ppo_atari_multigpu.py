@@ -433,7 +433,7 @@ def train(args):
     if checkpoint and world_size > 1:  # the checkpoint holds rank 0's generators: each rank draws its own stream again
         torch.manual_seed(int(torch.randint(2**31 - 1, ())) + rank)
     global_step = (start_iteration - 1) * args.batch_size
-    writer = open_logs(args, run_name, run_dir, checkpoint) if rank == 0 else NullWriter()  # rank 0 logs
+    writer = open_logs(args, run_name, run_dir, checkpoint, device) if rank == 0 else NullWriter()  # rank 0 logs
     stop = catch_signals()  # Ctrl-C / SIGTERM: the run stops after the current iteration, with a checkpoint
 
     # ALGO Logic: Storage setup
@@ -595,7 +595,7 @@ def check_args(args):
     if not (args.env_id.endswith("NoFrameskip-v4") or args.env_id.startswith("ALE/")):
         return f"{os.path.basename(__file__)} needs an Atari id, <Game>NoFrameskip-v4 or ALE/<Game>-v5, not '{args.env_id}'"
     if args.bf16 and not args.eval_checkpoint and not bf16_native(args):  # an evaluation plays in float32
-        return "--bf16 needs native bfloat16 (AVX512-BF16 or AMX, or such a GPU): emulated, it is slower than float32; drop it"
+        return "--bf16 needs native bfloat16 (AVX512-BF16, AMX or a bf16 GPU): drop it, or with --resume add --no-bf16"
     return None
 
 
@@ -624,13 +624,13 @@ def open_run(args, rank):
             with contextlib.suppress(FileExistsError):
                 os.mkdir(f"runs/{names[0]}")
                 break
-        atexit.register(lambda: os.listdir(f"runs/{names[0]}") or os.rmdir(f"runs/{names[0]}"))  # failed before it began
+        atexit.register(lambda p=os.path.abspath(f"runs/{names[0]}"): os.path.isdir(p) and not os.listdir(p) and os.rmdir(p))
     if dist.is_initialized():
         dist.broadcast_object_list(names, src=0)
     return None, names[0], f"runs/{names[0]}", names[0]
 
 
-def open_logs(args, run_name, run_dir, checkpoint):
+def open_logs(args, run_name, run_dir, checkpoint, device):
     """wandb with --track, then TensorBoard; a resumed run's curves go on from its checkpoint (later points purged)."""
     step = checkpoint["global_step"] if checkpoint else 0
     if args.track:  # a resumed run goes on in the same wandb run
@@ -640,7 +640,7 @@ def open_logs(args, run_name, run_dir, checkpoint):
     atexit.register(writer.close)  # an exit on an error keeps what was logged
     table = "\n".join([f"|{key}|{value}|" for key, value in vars(args).items()])  # each segment's settings, at its start
     writer.add_text("hyperparameters", f"|param|value|\n|-|-|\n{table}", global_step=step)
-    print(f"training {run_name} from step {step} to {args.num_iterations * args.batch_size}", flush=True)
+    print(f"training {run_name} on {device} from step {step} to {args.num_iterations * args.batch_size}", flush=True)
     return writer
 
 

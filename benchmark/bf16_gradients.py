@@ -27,7 +27,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
 from _common import checked_args, exit_with, find_script, load_script, script_error  # noqa: E402  (tools/_common.py)
 
-NEEDS = ("Args", "check_args", "main", "make_envs", "Agent", "compute_gae", "ppo_loss", "minibatches")
+NEEDS = ("Args", "check_args", "main", "make_envs", "Agent", "compute_gae", "ppo_loss")
 
 
 def measures(a, b):
@@ -119,7 +119,7 @@ def main(argv=None):
         batch = rollout(m, args, agent, envs)
     finally:
         envs.close()
-    inds = [torch.as_tensor(i) for i in m.minibatches(np.arange(args.batch_size), args.minibatch_size)]
+    inds = [torch.arange(start, start + args.minibatch_size) for start in range(0, args.batch_size, args.minibatch_size)]
     grads = [(gradient(m, args, agent, batch, mb, bf16=False), gradient(m, args, agent, batch, mb, bf16=True)) for mb in inds]
     rows = []
     for i, ((g32, t32), (g16, t16)) in enumerate(grads):

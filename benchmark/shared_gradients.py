@@ -40,9 +40,7 @@ def trunk_gradients(m, env_id, seed, vf_coef=None):
     np.random.seed(seed)
     envs = m.make_envs(args, "shared_gradients")
     try:
-        error = m.check_env(envs)
-        if error:
-            sys.exit(f"error: {env_id}: {error}")
+        m.check_env(envs)  # exits with one line where the script cannot take the env
         agent = m.Agent(envs)
         steps, n = args.num_steps, args.num_envs
         obs = torch.zeros((steps, n) + envs.single_observation_space.shape)
@@ -88,14 +86,22 @@ def main(argv=None):
     given = {} if opts.vf_coef is None else {"vf_coef": opts.vf_coef}
     for env_id in opts.env_ids:  # the script's own checks (an unknown id names the script to use): one line, no table
         for seed in opts.seeds:
-            error = m.check_args(m.Args(env_id=env_id, seed=seed, **given))
+            try:
+                error = m.check_args(m.Args(env_id=env_id, seed=seed, **given))
+            except ValueError as e:  # Args refuses a flag outside its domain
+                error = str(e)
             if error:
                 sys.exit(f"error: --env-ids {env_id} --seeds {seed}: {error}")
-        envs = m.make_envs(m.Args(env_id=env_id), "shared_gradients")  # its spaces: a Box action space is for another script
-        error = m.check_env(envs)
-        envs.close()
-        if error:
-            sys.exit(f"error: --env-ids {env_id}: {error}")
+        try:  # its spaces: a Box action space is for another script
+            envs = m.make_envs(m.Args(env_id=env_id), "shared_gradients")
+        except m.gym.error.Error as e:  # an unknown id
+            sys.exit(f"error: --env-ids {env_id}: {e} (Atari ids run with ppo_atari.py)")
+        try:
+            m.check_env(envs)
+        except SystemExit as e:
+            sys.exit(f"error: --env-ids {env_id}: {str(e.code).removeprefix('error: ')}")
+        finally:
+            envs.close()
     vf_coef = m.Args().vf_coef if opts.vf_coef is None else opts.vf_coef
     print(f"ppo_shared.py at initialization, vf_coef {vf_coef}: gradient norms on the shared trunk, one rollout\n")
     print("| env | seed | policy part | value part | value / policy | cosine |")

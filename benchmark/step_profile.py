@@ -79,7 +79,7 @@ def profile(path, run_flags, iterations, warmup, emulate_bf16=False):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     if emulate_bf16:
-        module.cpu_flags = lambda: {"avx512_bf16"}
+        module.bf16_native = lambda args: True
     timers = Timers(warmup)
     inference = torch.is_inference_mode_enabled
     timers.wrap(module.Agent, "get_action_and_value", "rollout forward", when=inference)
@@ -112,32 +112,37 @@ def profile(path, run_flags, iterations, warmup, emulate_bf16=False):
         timers.wrap(ale_py.env.AtariEnv, "step", "game (ALE)")
         timers.wrap(gym.vector.SyncVectorEnv, "step", "vector env step")
 
-    original_iterations, original_stopping, original_done = (
-        module.Run.iterations,
-        module.Run.stopping,
-        module.Run.iteration_done,
+    # the phases, marked by what train() calls once an iteration: the rollout's copy of the agent at its start, the
+    # bootstrap value (outside inference mode) at the rollout's end, the video upload after the update and the logs
+    state = {"iteration": 0}
+    original_copy, original_value, original_upload, original_logs = (
+        module.Agent.rollout_copy,
+        module.Agent.get_value,
+        module.upload_videos,
+        module.open_logs,
     )
-    state = {"in_rollout": False}
 
-    def timed_iterations(self, start_iteration, *args):
-        state["args"] = self.args
-        for iteration in original_iterations(self, start_iteration, *args):
-            timers.iteration = iteration - start_iteration + 1
-            timers.mark("between iterations")
-            state["in_rollout"] = True
-            yield iteration
+    def rollout_copy(self):
+        state["iteration"] += 1
+        timers.iteration = state["iteration"]
+        timers.mark("between iterations")
+        return original_copy(self)
 
-    def stopping(self):
-        if state["in_rollout"]:
-            state["in_rollout"] = False
+    def get_value(self, *args):
+        if not inference():
             timers.mark("rollout (all)")
-        return original_stopping(self)
+        return original_value(self, *args)
 
-    def iteration_done(self, *args):
+    def upload_videos(*args):
         timers.mark("update (all)")
-        return original_done(self, *args)
+        return original_upload(*args)
 
-    module.Run.iterations, module.Run.stopping, module.Run.iteration_done = timed_iterations, stopping, iteration_done
+    def open_logs(args, *rest):
+        state["args"] = args
+        return original_logs(args, *rest)
+
+    module.Agent.rollout_copy, module.Agent.get_value = rollout_copy, get_value
+    module.upload_videos, module.open_logs = upload_videos, open_logs
     defaults = module.tyro.cli(module.Args, args=run_flags)  # the run's sizes, for its --total-timesteps
     total = (warmup + iterations) * defaults.num_envs * defaults.num_steps
     with tempfile.TemporaryDirectory() as tmp:

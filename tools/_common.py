@@ -129,10 +129,11 @@ def load_script(path):
 
 
 def _tyro_reason(text):
-    """The line that says why in tyro's boxed error message."""
+    """What tyro's boxed error message says, on one line (a box wraps a long line: its pieces joined again)."""
     lines = [x.strip().strip("│┃|").strip() for x in text.splitlines()]
-    lines = [x for x in lines if x and not set(x) <= set("-─━═╭╮╰╯┌┐└┘ ")]
-    return lines[1] if len(lines) > 1 else (lines[0] if lines else "its flags cannot be parsed")
+    lines = [x for x in lines if x and not set(x) <= set("-─━═╭╮╰╯┌┐└┘ ") and not x.startswith("For full helptext")]
+    said = " ".join(lines[1:]) if len(lines) > 1 else (lines[0] if lines else "its flags cannot be parsed")
+    return said.removeprefix("Error parsing Args: ")  # a ValueError of Args.__post_init__: the flag and its domain
 
 
 def parse_flags(path, argv):
@@ -164,8 +165,13 @@ def checked_args(path, argv, new_run=True):
         return None, f"{name}: --resume continues one run; the tool starts new ones (resume that run by itself): drop it"
     if new_run and getattr(args, "eval_checkpoint", None):
         return None, f"{name}: --eval-checkpoint evaluates and trains nothing: drop it"
-    check_args = getattr(load_script(path), "check_args", None)
-    error = check_args(args) if check_args else None
+    module = load_script(path)
+    error = module.check_args(args) if hasattr(module, "check_args") else None
+    if not error and not hasattr(module, "SCENARIOS"):  # an unknown env id (the script says it once it runs; MicroRTS:
+        try:  # scenarios, which check_args knows)
+            module.gym.spec(args.env_id)
+        except module.gym.error.Error as e:
+            error = f"{args.env_id}: {e}"
     return (None, error if error.startswith(name) else f"{name}: {error}") if error else (args, None)
 
 
