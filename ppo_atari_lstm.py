@@ -37,7 +37,7 @@ class Args:
     cuda: bool = True
     """if toggled, cuda is used when available"""
     torch_threads: int = 0
-    """CPU threads for torch (0: torch's default); 1 is fastest for small networks and for runs sharing a machine"""
+    """CPU threads for torch (0: torch's own, all cores, the CNN scripts' default); 1 suits MLPs and shared machines"""
     channels_last: bool = False
     """if toggled, the convolutions' weights are stored channels-last (NHWC): faster on CPUs, float rounding differs"""
     bf16: bool = False
@@ -78,17 +78,17 @@ class Args:
     noop_max: int = 30
     """the most no-op frames at a game's start, 1 to noop_max drawn at random (atari-1; 0: none)"""
     episodic_life: bool = True
-    """Toggle ending the learning episode at a life loss, the game going on (atari-3)"""
+    """if toggled, ending the learning episode at a life loss, the game going on (atari-3)"""
     fire_reset: bool = True
-    """Toggle pressing FIRE, then action 2, at reset in games that have FIRE (atari-4)"""
+    """if toggled, pressing FIRE, then action 2, at reset in games that have FIRE (atari-4)"""
     clip_reward: bool = True
-    """Toggle learning from the sign of the reward (atari-6; the logged return is the game's either way)"""
+    """if toggled, learning from the sign of the reward (atari-6; the logged return is the game's either way)"""
     frame_stack: int = 1
     """the number of last frames stacked into an observation (atari-7; 1: no stacking)"""
     reset_lstm_state: bool = True
-    """Toggle resetting the LSTM state to zeros at episode ends, in rollouts and training (lstm-3)"""
+    """if toggled, resetting the LSTM state to zeros at episode ends, in rollouts and training (lstm-3)"""
     orthogonal_init: bool = True
-    """Toggle orthogonal weight init with constant 0 bias (core-2; off: PyTorch's default init of the linear and conv layers;
+    """if toggled, orthogonal weight init, constant 0 bias (core-2; off: PyTorch's default init of the linear and conv layers;
     the LSTM keeps its orthogonal init, lstm-1)"""
     learning_rate: float = 2.5e-4
     """the learning rate of the optimizer"""
@@ -99,7 +99,7 @@ class Args:
     num_steps: int = 128
     """the number of steps to run in each environment per policy rollout"""
     anneal_lr: bool = True
-    """Toggle learning rate annealing for policy and value networks (core-4)"""
+    """if toggled, learning rate annealing for policy and value networks (core-4)"""
     gamma: float = 0.99
     """the discount factor gamma"""
     gae_lambda: float = 0.95
@@ -107,23 +107,23 @@ class Args:
     num_minibatches: int = 4
     """the number of mini-batches"""
     shuffle_minibatches: bool = True
-    """Toggle shuffling before each epoch's mini-batches (core-6; off: the same order every epoch)"""
+    """if toggled, shuffling before each epoch's mini-batches (core-6; off: the same order every epoch)"""
     update_epochs: int = 4
     """the K epochs to update the policy"""
     norm_adv: bool = True
-    """Toggles advantages normalization (core-7)"""
+    """if toggled, the advantages are normalized per minibatch (core-7)"""
     clip_coef: float = 0.1
     """the surrogate clipping coefficient"""
     anneal_clip: bool = False
-    """Toggle annealing of the clipping coefficient to 0 with the learning-rate schedule (aux-1)"""
+    """if toggled, annealing of the clipping coefficient to 0 with the learning-rate schedule (aux-1)"""
     clip_vloss: bool = True
-    """Toggles whether or not to use a clipped loss for the value function, as per the paper (core-9)."""
+    """if toggled, the value loss is clipped, as in ppo2 (core-9)"""
     ent_coef: float = 0.01
     """coefficient of the entropy (core-10; 0: no entropy bonus)"""
     vf_coef: float = 0.5
     """coefficient of the value function"""
     clip_grad_norm: bool = True
-    """Toggle global gradient clipping to max_grad_norm (core-11; off: no clipping)"""
+    """if toggled, global gradient clipping to max_grad_norm (core-11; off: no clipping)"""
     max_grad_norm: float = 0.5
     """the maximum norm for the gradient clipping"""
     target_kl: float | None = None
@@ -469,7 +469,7 @@ def train(args):
     writer = open_logs(args, run_name, run_dir, checkpoint, device)  # TensorBoard (+ wandb with --track); curves go on
     stop = catch_signals()  # Ctrl-C / SIGTERM: the run stops after the current iteration, with a checkpoint
 
-    # ALGO Logic: Storage setup
+    # ALGO LOGIC: storage setup
     # observations stored as uint8, as ppo2 does (4x less memory than float32)
     obs = torch.zeros((args.num_steps, args.num_envs) + envs.single_observation_space.shape, dtype=torch.uint8).to(device)
     if args.channels_last:  # speed: each frame stack stored NHWC, the layout the convolutions take (no reorder)
@@ -684,9 +684,10 @@ def wandb_init(args, **kwargs):
 def upload_videos(args, videos, step):
     """--capture-video --track: the videos written since the last call, to wandb at `step` (global step, or episode)."""
     if args.track and args.capture_video:
-        wandb = sys.modules["wandb"]  # imported by wandb_init
         for path in sorted({f"videos/{videos}/{f}" for f in os.listdir(f"videos/{videos}")} - UPLOADED, key=os.path.getmtime):
-            wandb.log({"videos": wandb.Video(path, format="mp4"), **step})
+            sys.modules["wandb"].log(
+                {"videos": sys.modules["wandb"].Video(path, format="mp4"), **step}
+            )  # imported by wandb_init
             UPLOADED.add(path)
 
 
@@ -805,7 +806,6 @@ def report_evaluation(args):
     if args.track:
         group, name = args.wandb_group or checkpoint["args"]["wandb_group"], f"{checkpoint['run_name']}-eval"
         wandb = wandb_init(args, group=group, job_type="eval", name=name, config=checkpoint["args"])
-        wandb.define_metric("*", step_metric="episode")
         for episode, r in enumerate(returns):
             wandb.log({"eval/episodic_return": r, "episode": episode})
         upload_videos(args, videos, {"episode": len(returns)})

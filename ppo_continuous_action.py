@@ -34,7 +34,7 @@ class Args:
     cuda: bool = True
     """if toggled, cuda is used when available"""
     torch_threads: int = 1
-    """CPU threads for torch (0: torch's default); 1 is fastest for small networks and for runs sharing a machine"""
+    """CPU threads for torch (0: torch's own, all cores, the CNN scripts' default); 1 suits MLPs and shared machines"""
     track: bool = False
     """if toggled, the run is tracked with Weights and Biases (set WANDB_MODE=offline to work without network)"""
     wandb_project_name: str = "ppo-details"
@@ -64,7 +64,7 @@ class Args:
     total_timesteps: int = 1000000
     """total timesteps of the experiments"""
     orthogonal_init: bool = True
-    """Toggle orthogonal weight init with constant 0 bias (core-2; off: PyTorch's default init of linear and conv layers)"""
+    """if toggled, orthogonal weight init, constant 0 bias (core-2; off: PyTorch's default init of linear and conv layers)"""
     learning_rate: float = 3e-4
     """the learning rate of the optimizer"""
     adam_eps: float = 1e-5
@@ -74,7 +74,7 @@ class Args:
     num_steps: int = 2048
     """the number of steps to run in each environment per policy rollout"""
     anneal_lr: bool = True
-    """Toggle learning rate annealing for policy and value networks (core-4)"""
+    """if toggled, learning rate annealing for policy and value networks (core-4)"""
     gamma: float = 0.99
     """the discount factor gamma"""
     gae_lambda: float = 0.95
@@ -82,37 +82,37 @@ class Args:
     num_minibatches: int = 32
     """the number of mini-batches"""
     shuffle_minibatches: bool = True
-    """Toggle shuffling before each epoch's mini-batches (core-6; off: the same order every epoch)"""
+    """if toggled, shuffling before each epoch's mini-batches (core-6; off: the same order every epoch)"""
     update_epochs: int = 10
     """the K epochs to update the policy"""
     norm_adv: bool = True
-    """Toggles advantages normalization (core-7)"""
+    """if toggled, the advantages are normalized per minibatch (core-7)"""
     clip_coef: float = 0.2
     """the surrogate clipping coefficient"""
     anneal_clip: bool = False
-    """Toggle annealing of the clipping coefficient to 0 with the learning-rate schedule (aux-1)"""
+    """if toggled, annealing of the clipping coefficient to 0 with the learning-rate schedule (aux-1)"""
     clip_vloss: bool = True
-    """Toggles whether or not to use a clipped loss for the value function, as per the paper (core-9)."""
+    """if toggled, the value loss is clipped, as in ppo2 (core-9)"""
     ent_coef: float = 0.0
     """coefficient of the entropy (core-10; 0: no entropy bonus)"""
     vf_coef: float = 0.5
     """coefficient of the value function"""
     clip_grad_norm: bool = True
-    """Toggle global gradient clipping to max_grad_norm (core-11; off: no clipping)"""
+    """if toggled, global gradient clipping to max_grad_norm (core-11; off: no clipping)"""
     max_grad_norm: float = 0.5
     """the maximum norm for the gradient clipping"""
     target_kl: float | None = None
     """the target KL: the update's remaining epochs are skipped once an epoch's last minibatch exceeds it (aux-3)"""
     clip_action: bool = True
-    """Toggle clipping actions to the action space's bounds before the env (continuous-5; off: the env gets the sample)"""
+    """if toggled, clipping actions to the action space's bounds before the env (continuous-5; off: the env gets the sample)"""
     norm_obs: bool = True
-    """Toggle observation normalization by the running mean and std (continuous-6; off: no clipping either, as ppo2)"""
+    """if toggled, observation normalization by the running mean and std (continuous-6; off: no clipping either, as ppo2)"""
     clip_obs: bool = True
-    """Toggle clipping the observations to [-10, 10] (continuous-7)"""
+    """if toggled, clipping the observations to [-10, 10] (continuous-7)"""
     norm_reward: bool = True
-    """Toggle reward scaling by the running std of the discounted return (continuous-8; off: no clipping either, as ppo2)"""
+    """if toggled, rewards scaled by the discounted return's running std (continuous-8; off: no clipping either, as ppo2)"""
     clip_reward: bool = True
-    """Toggle clipping the rewards to [-10, 10] after scaling (continuous-9)"""
+    """if toggled, clipping the rewards to [-10, 10] after scaling (continuous-9)"""
     bootstrap_truncated: bool = False
     """at a time-limit truncation, bootstrap with the value of the final observation (off: treated as terminal, as ppo2)"""
 
@@ -371,7 +371,7 @@ def train(args):
     writer = open_logs(args, run_name, run_dir, checkpoint, device)  # TensorBoard (+ wandb with --track); curves go on
     stop = catch_signals()  # Ctrl-C / SIGTERM: the run stops after the current iteration, with a checkpoint
 
-    # ALGO Logic: Storage setup
+    # ALGO LOGIC: storage setup
     obs = torch.zeros((args.num_steps, args.num_envs) + envs.single_observation_space.shape).to(device)
     actions = torch.zeros((args.num_steps, args.num_envs) + envs.single_action_space.shape).to(device)
     logprobs = torch.zeros((args.num_steps, args.num_envs)).to(device)
@@ -577,9 +577,10 @@ def wandb_init(args, **kwargs):
 def upload_videos(args, videos, step):
     """--capture-video --track: the videos written since the last call, to wandb at `step` (global step, or episode)."""
     if args.track and args.capture_video:
-        wandb = sys.modules["wandb"]  # imported by wandb_init
         for path in sorted({f"videos/{videos}/{f}" for f in os.listdir(f"videos/{videos}")} - UPLOADED, key=os.path.getmtime):
-            wandb.log({"videos": wandb.Video(path, format="mp4"), **step})
+            sys.modules["wandb"].log(
+                {"videos": sys.modules["wandb"].Video(path, format="mp4"), **step}
+            )  # imported by wandb_init
             UPLOADED.add(path)
 
 
@@ -699,7 +700,6 @@ def report_evaluation(args):
     if args.track:
         group, name = args.wandb_group or checkpoint["args"]["wandb_group"], f"{checkpoint['run_name']}-eval"
         wandb = wandb_init(args, group=group, job_type="eval", name=name, config=checkpoint["args"])
-        wandb.define_metric("*", step_metric="episode")
         for episode, r in enumerate(returns):
             wandb.log({"eval/episodic_return": r, "episode": episode})
         upload_videos(args, videos, {"episode": len(returns)})

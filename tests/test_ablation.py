@@ -27,10 +27,10 @@ sys.path[:0] = [str(ROOT / "benchmark"), str(ROOT / "tools")]
 import ablate  # noqa: E402
 from _common import ABLATIONS, off_flags  # noqa: E402
 
-# the last commit before the scripts put the algorithm first and fenced the plumbing (issue 22). Until 2026-12-02 the
-# defaults were also compared with 19cbb2e, the last commit before the ablation flags (issue 17), and both held: the two
-# are fixed history, so matching 2b9b42a is matching both, and one comparison saves 9 tiny runs
-PRE_FENCE_REV = "2b9b42a"
+# the last commit before the plumbing became plain functions (issue 61). Until 2026-12-06 the defaults were compared
+# with 2b9b42a, the last commit before the fence (issue 22), and before 2026-12-02 also with 19cbb2e, the last commit
+# before the ablation flags (issue 17); all held: they are fixed history, so matching 3209b37 is matching all three
+PRE_FENCE_REV = "3209b37"
 ONE_THREAD = {"OMP_NUM_THREADS": "1"}
 ATARI_TINY = ["--num-envs", 2, "--num-steps", 32, "--num-minibatches", 2, "--total-timesteps", 128, "--torch-threads", 1]
 TINY = {
@@ -80,40 +80,23 @@ def script_at(rev, script, folder):
     return old
 
 
+@pytest.mark.parametrize("script", ["ppo_atari.py", "ppo_atari_envpool.py", "ppo_atari_lstm.py", "ppo_atari_multigpu.py"])
+def test_bf16_channels_last_is_bit_identical_to_an_earlier_revision(script, tmp_path):
+    """--bf16 --channels-last too logs the very losses it did before issue 61 (where bfloat16 is native)."""
+    if not load_script("ppo_atari.py").bf16_native(load_script("ppo_atari.py").Args(cuda=False)):
+        pytest.skip("this CPU has no AVX512-BF16 or AMX-BF16 (--bf16 is refused)")
+    flags = ["--bf16", "--channels-last"]
+    before = tiny_losses(script, tmp_path, *flags, path=script_at(PRE_FENCE_REV, script, tmp_path), name="before")
+    after = tiny_losses(script, tmp_path, *flags, name="after")
+    assert before and before == after
+
+
 @pytest.mark.parametrize("script", scripts_with_microrts_mark())
 def test_with_every_flag_at_its_default_the_losses_are_bit_identical_to_an_earlier_revision(script, tmp_path):
     before = tiny_losses(script, tmp_path, path=script_at(PRE_FENCE_REV, script, tmp_path), name="before")
     after = tiny_losses(script, tmp_path, name="after")
     assert before and set(before) == set(after)
     assert before == after  # every loss at every step, to the bit
-
-
-# a run's first iteration, checkpointed, then resumed for two more: (flags, the batch size)
-RESUME_TINY = {"ppo.py": ([], 512), "ppo_continuous_action.py": (["--env-id", "Pendulum-v1", "--num-steps", 128], 128)}
-
-
-@pytest.mark.parametrize("script", sorted(RESUME_TINY))
-def test_a_checkpoint_resumes_as_it_did_before_the_fence(script, tmp_path):
-    """The restore, the logs and the reset draw the random numbers in the same order as before issue 22's move."""
-    (tmp_path / "rev").mkdir()
-    old = shutil.copy(script_at(PRE_FENCE_REV, script, tmp_path), tmp_path / "rev" / script)  # its own name: checked
-    flags, batch = RESUME_TINY[script]
-    first = [*flags, "--total-timesteps", batch, "--save-model", "--exp-name", "r"]
-    res = run_python(old, *first, cwd=tmp_path, env={**ONE_THREAD, **_env()})
-    assert res.returncode == 0, res.stderr[-2000:]
-    (run_dir,) = run_dirs(tmp_path)
-    losses = {}
-    for name, path in (("old", old), ("now", ROOT / script)):
-        work = tmp_path / name
-        shutil.copytree(run_dir, work / "runs" / run_dir.name)
-        checkpoint = f"runs/{run_dir.name}/checkpoint.pt"
-        resume = ["--resume", checkpoint, "--total-timesteps", 3 * batch]
-        res = run_python(path, *resume, cwd=work, env={**ONE_THREAD, **_env()})
-        assert res.returncode == 0, res.stderr[-2000:]
-        scalars = read_scalars(work / "runs" / run_dir.name)
-        losses[name] = {tag: values for tag, values in scalars.items() if tag.startswith("losses/")}
-    assert [step for step, _ in losses["now"]["losses/value_loss"]] == [batch, 2 * batch, 3 * batch]
-    assert losses["old"] == losses["now"]  # iterations 2 and 3, after the restore, to the bit
 
 
 # ------------------------------------------------------------------------ each flag off: the run changes
@@ -186,13 +169,7 @@ def test_core3_core6_core10_core11_flags(ppo):
     agent = ppo.Agent(envs)
     assert ppo.make_optimizer(agent, ppo.Args()).param_groups[0]["eps"] == 1e-5
     assert ppo.make_optimizer(agent, ppo.Args(adam_eps=1e-8)).param_groups[0]["eps"] == 1e-8
-    # core-6 off: the rollout's order every epoch, and numpy's generator is not drawn from
-    np.random.seed(3)
-    state = np.random.get_state()[1].copy()
-    b_inds = np.arange(8)
-    assert [list(mb) for mb in ppo.minibatches(b_inds, 4, shuffle=False)] == [[0, 1, 2, 3], [4, 5, 6, 7]]
-    assert (np.random.get_state()[1] == state).all() and (b_inds == np.arange(8)).all()
-    assert sorted(np.concatenate(ppo.minibatches(b_inds, 4))) == list(range(8)) and (b_inds != np.arange(8)).any()
+    # core-6 off: tests/test_ppo.py's test_each_epoch_takes_the_batch_in_a_new_order_in_whole_minibatches
     # core-10 at 0: the loss has no entropy term
     n = 16
     parts = [torch.randn(n), torch.rand(n), torch.randn(n), torch.randn(n), torch.randn(n), torch.randn(n), torch.randn(n)]

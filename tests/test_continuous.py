@@ -55,8 +55,8 @@ def top_level_sources(name):
 
 def test_shared_passages_are_identical_to_ppo():
     ppo, cont = top_level_sources("ppo.py"), top_level_sources(SCRIPT)
-    shared = ["layer_init", "compute_gae", "ppo_loss", "make_optimizer", "minibatches", "gradient_step", "rng_states"]
-    for name in shared + ["set_rng_states", "load_checkpoint", "args_from_checkpoint", "StopRequest", "check_args"]:
+    shared = ["layer_init", "compute_gae", "ppo_loss", "make_optimizer", "gradient_step", "check_args", "open_run"]
+    for name in shared + ["open_logs", "catch_signals", "save_checkpoint", "load_checkpoint", "restore", "resume_args"]:
         assert cont[name] == ppo[name], name
 
 
@@ -304,7 +304,7 @@ def test_normalization_stats_checkpoint_round_trip(cont, tmp_path):
     for _ in range(50):
         envs.step(envs.action_space.sample())
     agent = cont.Agent(envs)
-    cont.save_checkpoint(tmp_path / "c.pt", agent, cont.make_optimizer(agent, args), envs, args, "run", 1, cont.rng_states())
+    cont.save_checkpoint(tmp_path / "c.pt", agent, cont.make_optimizer(agent, args), envs, args, "run", 1)
     checkpoint = cont.load_checkpoint(str(tmp_path / "c.pt"))  # weights_only=True
     _, restored = make_envs(cont, num_envs=1)
     restored.load_state_dict(checkpoint["normalize"])
@@ -339,7 +339,7 @@ def test_resume_restores_stats_and_eval_freezes_them(cont, tmp_path, monkeypatch
 
     original, built = cont.make_envs, []  # keep the envs evaluate() builds, to look at their statistics
     monkeypatch.setattr(cont, "make_envs", lambda *a, **k: built.append(original(*a, **k)) or built[-1])
-    returns = cont.evaluate(str(path), 2, torch.device("cpu"))
+    returns = cont.evaluate(cont.Args(eval_episodes=2), cont.load_checkpoint(str(path)), torch.device("cpu"), None)
     assert len(returns) == 2 and all(-2000 < r <= 0 for r in returns)
     (envs,) = built
     assert envs.training is False
