@@ -385,7 +385,7 @@ def test_episode_frame_limit_defaults_to_ppo2s(script):
     text = (ROOT / script).read_text()
     doc = text[text.index("    max_episode_frames: int | None = None\n") :].splitlines()[1:3]
     assert "108000" in " ".join(doc) and "ppo2" in doc[0] and "300000" in doc[0], doc  # both protocols named
-    for bad in [0, -5]:
+    for bad in [-1, -5]:
         with pytest.raises(ValueError, match="--max-episode-frames"):
             module.Args(max_episode_frames=bad)
 

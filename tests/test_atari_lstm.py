@@ -159,7 +159,7 @@ def test_check_args_requires_num_minibatches_to_divide_num_envs(lstm):
     assert error and "--num-minibatches 4 does not divide --num-envs 6" in error and "\n" not in error
     assert lstm.check_args(lstm.Args(num_envs=6, num_minibatches=3)) is None
     with pytest.raises(ValueError, match="--frame-stack"):
-        lstm.Args(frame_stack=0)
+        lstm.Args(frame_stack=-1)
 
 
 def test_init_scales_and_zero_initial_state(lstm):
