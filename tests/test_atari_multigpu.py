@@ -30,7 +30,7 @@ def test_two_ranks_stay_bit_identical_and_only_rank_0_logs(tmp_path):
     for rank in (0, 1):
         assert f"rank {rank}: parameters bit-identical on all 2 ranks" in res.stdout, res.stdout
     (run_dir,) = run_dirs(tmp_path)  # one run directory: rank 1 wrote nothing
-    assert re.findall(r"training (\S+) from step 0", res.stdout) == [run_dir.name], res.stdout  # rank 0 says it
+    assert re.findall(r"training (\S+) on cpu from step 0", res.stdout) == [run_dir.name], res.stdout  # rank 0 says it
     assert len(list(run_dir.glob("events.out.tfevents.*"))) == 1
     assert len(list(tmp_path.rglob("checkpoint.pt"))) == 1
     scalars = read_scalars(run_dir)
