@@ -467,11 +467,10 @@ def wandb_init(args, **kwargs):
     import wandb
 
     kwargs = {"project": args.wandb_project_name, "entity": args.wandb_entity, "group": args.wandb_group, **kwargs}
-    code = wandb.Settings(
-        save_code=True, program_abspath=os.path.abspath(__file__), program_relpath=os.path.basename(__file__)
-    )
+    kwargs = {"config": vars(args), "tags": list(args.wandb_tags) or None, "resume": "allow", "save_code": True, **kwargs}
+    where = wandb.Settings(program_abspath=os.path.abspath(__file__), program_relpath=os.path.basename(__file__))
     try:
-        wandb.init(**{"config": vars(args), **kwargs}, tags=list(args.wandb_tags) or None, resume="allow", settings=code)
+        wandb.init(**kwargs, settings=where)
     except wandb.errors.UsageError as e:
         sys.exit(f"error: --track: {e} Or set WANDB_API_KEY, or WANDB_MODE=offline to sync later")
     return wandb
@@ -480,10 +479,9 @@ def wandb_init(args, **kwargs):
 def upload_videos(args, videos, step):
     """--capture-video --track: the videos written since the last call, to wandb at `step` (global step, or episode)."""
     if args.track and args.capture_video:
+        wandb = sys.modules["wandb"]  # imported by wandb_init
         for path in sorted({f"videos/{videos}/{f}" for f in os.listdir(f"videos/{videos}")} - UPLOADED, key=os.path.getmtime):
-            sys.modules["wandb"].log(
-                {"videos": sys.modules["wandb"].Video(path, format="mp4"), **step}
-            )  # imported by wandb_init
+            wandb.log({"videos": wandb.Video(path, format="mp4"), **step})
             UPLOADED.add(path)
 
 
