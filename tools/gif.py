@@ -1,7 +1,7 @@
 """Turn a recorded episode (an .mp4 of `--capture-video`) into a GIF that a README can show.
 
     python ppo_atari.py --eval-checkpoint runs/<run_name>/checkpoint.pt --eval-episodes 3 --capture-video
-    python tools/gif.py videos/<run_name>-eval/rl-video-episode-1.mp4 breakout.gif --every 4
+    python tools/gif.py videos/<run_name>-eval-<unix time>/rl-video-episode-1.mp4 breakout.gif --every 4
 
 Every `--every`-th frame is kept and played at the video's own frame rate, so the GIF runs `--every` times faster
 than the game (Atari videos hold every emulator frame: 4 per agent step). `--max-frames` cuts it short.
