@@ -925,6 +925,8 @@ def test_speed_bad_input_one_clear_line(args, message):
 
 def gpu_check(env, tmp_path, timeout=600):
     full_env = {**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": str(tmp_path), **env}  # its kept logs: in tmp_path
+    if "PATH" not in env:  # this python (a venv's called by path, not activated) is the one the script's `python` finds
+        full_env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), full_env.get("PATH", "")])
     cmd = ["bash", str(ROOT / "benchmark" / "gpu_check.sh")]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full_env, cwd=ROOT)
 
@@ -965,7 +967,7 @@ def test_gpu_check_stops_a_check_that_outlasts_its_time_and_fails(tmp_path):
     )
     (bin_dir / "torchrun").chmod(0o755)
     env = {"GPU_CHECK_EXPECT": "cpu", "GPU_CHECK_PARTS": "torchrun", "CHECK_SECONDS": "3"}
-    env["PATH"] = f"{bin_dir}{os.pathsep}{os.environ['PATH']}"
+    env["PATH"] = os.pathsep.join([str(bin_dir), os.path.dirname(sys.executable), os.environ["PATH"]])
     t0 = time.time()
     res = gpu_check(env, tmp_path, timeout=120)
     assert res.returncode == 1, res.stdout + res.stderr
@@ -1501,6 +1503,7 @@ def test_a_benchmark_shell_script_passes_sigterm_on_and_waits(tmp_path):
     cmd = ["bash", str(ROOT / "benchmark/atari_lstm.sh"), "--run", "--seeds", "7812", "--envs", "PongNoFrameskip-v4"]
     cmd += ["--steps", "100000", "--", *"--num-envs 2 --num-steps 32 --num-minibatches 2 --torch-threads 1".split()]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), env.get("PATH", "")])  # this python for `python`
     proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
         deadline = time.time() + 90
