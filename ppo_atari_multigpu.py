@@ -618,7 +618,7 @@ def open_run(args, rank):
     if (
         rank == 0
     ):  # runs/{env_id}__{exp_name}__{seed}__{unix time}, taken with os.mkdir (atomic): a sweep's runs each their own
-        os.makedirs(os.path.dirname(f"runs/{args.env_id}"), exist_ok=True)
+        os.makedirs(os.path.dirname(f"runs/{args.env_id}__{args.exp_name}"), exist_ok=True)
         for stamp in itertools.count(int(time.time())):
             names[0] = f"{args.env_id}__{args.exp_name}__{args.seed}__{stamp}"
             with contextlib.suppress(FileExistsError):

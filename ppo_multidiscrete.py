@@ -503,7 +503,7 @@ def open_run(args):
         checkpoint = load_checkpoint(args.resume)
         name = checkpoint["run_name"]
         return checkpoint, name, os.path.dirname(args.resume) or ".", f"{name}/resumed-{checkpoint['iteration'] + 1}"
-    os.makedirs(os.path.dirname(f"runs/{args.env_id}"), exist_ok=True)  # runs/, or runs/ALE/ for ALE/Pong-v5
+    os.makedirs(os.path.dirname(f"runs/{args.env_id}__{args.exp_name}"), exist_ok=True)  # runs/, or runs/ALE/ for ALE/Pong-v5
     for stamp in itertools.count(int(time.time())):
         name = f"{args.env_id}__{args.exp_name}__{args.seed}__{stamp}"
         with contextlib.suppress(FileExistsError):

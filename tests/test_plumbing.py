@@ -366,3 +366,10 @@ def test_two_runs_in_one_process(tmp_path):
     res = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0 and "both returned" in res.stdout, res.stderr
     assert len(run_dirs(tmp_path)) == 2
+
+
+def test_an_exp_name_with_a_slash_makes_nested_folders_not_a_traceback(tmp_path):
+    res = run_script("ppo.py", *TINY, "--total-timesteps", 256, "--exp-name", "sweep/a", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    (run_dir,) = run_dirs(tmp_path)
+    assert run_dir.parent.name == "CartPole-v1__sweep" and run_dir.name.startswith("a__1__")
