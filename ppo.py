@@ -126,8 +126,8 @@ def make_env(env_id, idx, capture_video, run_name):
             env = gym.wrappers.RecordVideo(env, f"videos/{run_name}")
         else:
             env = gym.make(env_id)
-        env = gym.wrappers.RecordEpisodeStatistics(env)
-        return env
+        env = env if isinstance(env.observation_space, gym.spaces.Box) else gym.wrappers.FlattenObservation(env)  # Dict, Tuple
+        return gym.wrappers.RecordEpisodeStatistics(gym.wrappers.DtypeObservation(env, np.float32))  # float64, int: float32
 
     return thunk
 
@@ -617,7 +617,7 @@ def main():
         report_evaluation(args) if args.eval_checkpoint else train(args)
     except KeyboardInterrupt:  # a second Ctrl-C / SIGTERM: at once (a checkpoint is renamed into place whole, or not at all)
         sys.exit("stopped at once; the last checkpoint written stays whole")
-    except gym.error.Error as e:  # an unknown env id, or a package missing (Box2D for LunarLander, moviepy for videos)
+    except (gym.error.Error, ImportError) as e:  # an unknown env id, its module:EnvId's module, Box2D, moviepy, Pusher-v4
         sys.exit(f"error: {args.env_id}: {e}" + " (Atari: the Atari scripts)" * isinstance(e, gym.error.NameNotFound))
 
 

@@ -6,6 +6,7 @@ import copy
 import itertools
 import os
 import random
+import re
 import signal
 import sys
 import time
@@ -574,6 +575,7 @@ def check_args(args):
         return f"--num-minibatches {args.num_minibatches} does not divide the batch ({args.batch_size}); pick a divisor of it"
     if args.total_timesteps < args.batch_size:
         return f"--total-timesteps {args.total_timesteps} is below one batch ({args.batch_size}); raise it to at least that"
+    args.env_id = re.sub(r"^(\w+)-v5$", r"\1NoFrameskip-v4", args.env_id.removeprefix("ale_py:"))  # envpool's Pong-v5
     if not (args.env_id.endswith("NoFrameskip-v4") or args.env_id.startswith("ALE/")):
         return f"{os.path.basename(__file__)} needs an Atari id, <Game>NoFrameskip-v4 or ALE/<Game>-v5, not '{args.env_id}'"
     if envpool is None:
@@ -735,7 +737,6 @@ def finish(stop, checkpoint_path, global_step):
 def evaluate(args, checkpoint, device, videos):
     """The returns of --eval-episodes episodes of a checkpoint's policy (actions sampled), recorded into videos/{videos}/."""
     trained = Args(**{k: v for k, v in checkpoint["args"].items() if k in Args.__dataclass_fields__})
-    trained.capture_video = videos is not None
     torch.manual_seed(trained.seed)  # the actions are sampled: the same checkpoint plays the same episodes
     envs = make_envs(trained, videos, num_envs=1)
     agent = Agent(envs).to(device)
@@ -780,7 +781,7 @@ def main():
         report_evaluation(args) if args.eval_checkpoint else train(args)
     except KeyboardInterrupt:  # a second Ctrl-C / SIGTERM: at once (a checkpoint is renamed into place whole, or not at all)
         sys.exit("stopped at once; the last checkpoint written stays whole")
-    except gym.error.Error as e:  # an unknown env id, or a package missing (Box2D for LunarLander, moviepy for videos)
+    except (gym.error.Error, ImportError) as e:  # an unknown env id, its module:EnvId's module, Box2D, moviepy, Pusher-v4
         sys.exit(f"error: {args.env_id}: {e}" + " (Atari: the Atari scripts)" * isinstance(e, gym.error.NameNotFound))
 
 

@@ -592,6 +592,7 @@ def check_args(args):
         return f"--num-envs {args.num_envs} must split evenly over {world_size} ranks, each rank's batch over the minibatches"
     if args.total_timesteps < args.batch_size:
         return f"--total-timesteps {args.total_timesteps} is below one batch ({args.batch_size}); raise it to at least that"
+    args.env_id = args.env_id.removeprefix("ale_py:")  # gymnasium's module:EnvId form of the same id (ale_py is imported)
     if not (args.env_id.endswith("NoFrameskip-v4") or args.env_id.startswith("ALE/")):
         return f"{os.path.basename(__file__)} needs an Atari id, <Game>NoFrameskip-v4 or ALE/<Game>-v5, not '{args.env_id}'"
     if args.bf16 and not args.eval_checkpoint and not bf16_native(args):  # an evaluation plays in float32
@@ -841,7 +842,7 @@ def main():
         report_evaluation(args) if args.eval_checkpoint else train(args)
     except KeyboardInterrupt:  # a second Ctrl-C / SIGTERM: at once (a checkpoint is renamed into place whole, or not at all)
         code = "stopped at once; the last checkpoint written stays whole"
-    except gym.error.Error as e:  # an unknown env id, or a package missing (moviepy for videos)
+    except (gym.error.Error, ImportError) as e:  # an unknown env id, a package missing (moviepy for videos)
         code = f"error: {args.env_id}: {e}"
     except SystemExit as e:
         code = e.code

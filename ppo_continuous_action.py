@@ -2,6 +2,7 @@
 import atexit
 import collections
 import contextlib
+import importlib.util
 import itertools
 import math
 import os
@@ -140,6 +141,7 @@ def make_env(env_id, idx, capture_video, run_name, clip_action=True):
             env = gym.wrappers.RecordVideo(env, f"videos/{run_name}")
         else:
             env = gym.make(env_id)
+        env = env if isinstance(env.observation_space, gym.spaces.Box) else gym.wrappers.FlattenObservation(env)  # Dict, Tuple
         env = gym.wrappers.RecordEpisodeStatistics(env)
         # detail continuous-5: the env clips actions to its bounds; the unclipped sample is stored and scored
         env = gym.wrappers.ClipAction(env) if clip_action and isinstance(env.action_space, gym.spaces.Box) else env
@@ -149,6 +151,9 @@ def make_env(env_id, idx, capture_video, run_name, clip_action=True):
 
 
 def make_envs(args, run_name, num_envs=None):
+    if args.env_id.startswith("dm_control/"):  # dm_control's tasks, through shimmy (an optional install: README)
+        os.environ.setdefault("MUJOCO_GL", "egl")  # headless; dm_control picks its renderer when imported
+        gym.register_envs(importlib.import_module("shimmy"))
     # detail core-1: vectorized architecture (N envs stepped together; ppo2 autoreset: same step)
     envs = gym.vector.SyncVectorEnv(
         [make_env(args.env_id, i, args.capture_video, run_name, args.clip_action) for i in range(num_envs or args.num_envs)],
@@ -519,6 +524,8 @@ def check_args(args):
         return f"--num-minibatches {args.num_minibatches} does not divide the batch ({args.batch_size}); pick a divisor of it"
     if args.total_timesteps < args.batch_size:
         return f"--total-timesteps {args.total_timesteps} is below one batch ({args.batch_size}); raise it to at least that"
+    if args.env_id.startswith("dm_control/") and importlib.util.find_spec("shimmy") is None:
+        return "dm_control's tasks need dm_control and shimmy: pip install -r requirements-dm_control.txt"
     return None
 
 
@@ -716,7 +723,7 @@ def main():
         report_evaluation(args) if args.eval_checkpoint else train(args)
     except KeyboardInterrupt:  # a second Ctrl-C / SIGTERM: at once (a checkpoint is renamed into place whole, or not at all)
         sys.exit("stopped at once; the last checkpoint written stays whole")
-    except gym.error.Error as e:  # an unknown env id, or a package missing (Box2D for LunarLander, moviepy for videos)
+    except (gym.error.Error, ImportError) as e:  # an unknown env id, its module:EnvId's module, Box2D, moviepy, Pusher-v4
         sys.exit(f"error: {args.env_id}: {e}" + " (Atari: the Atari scripts)" * isinstance(e, gym.error.NameNotFound))
 
 

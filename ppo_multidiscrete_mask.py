@@ -705,7 +705,7 @@ def main():
         report_evaluation(args) if args.eval_checkpoint else train(args)
     except KeyboardInterrupt:  # a second Ctrl-C / SIGTERM: at once (a checkpoint is renamed into place whole, or not at all)
         sys.exit("stopped at once; the last checkpoint written stays whole")
-    except gym.error.Error as e:  # an unknown env id, or a package missing (Box2D for LunarLander, moviepy for videos)
+    except (gym.error.Error, ImportError) as e:  # an unknown env id, its module:EnvId's module, Box2D, moviepy, Pusher-v4
         sys.exit(f"error: {args.env_id}: {e}" + " (Atari: the Atari scripts)" * isinstance(e, gym.error.NameNotFound))
 
 
