@@ -567,6 +567,7 @@ def train(args):
     writer.close()
     close_distributed(agent, rank, world_size, stopping)  # all ranks' parameters compared, the process group ended
     finish(stop, f"{run_dir}/checkpoint.pt", global_step)  # after Ctrl-C / SIGTERM: how to go on; exit 128 + signal
+    return run_name
 
 
 # ==== plumbing, not PPO: checks, checkpoints, resume, signals, evaluation ====
@@ -829,6 +830,8 @@ def report_evaluation(args):
 
 
 def main():
+    if any(a.split("=")[0] in ("--local-num-envs", "--local_num_envs") for a in sys.argv):  # CleanRL's flag
+        sys.exit("error: --local-num-envs is CleanRL's envs per process; here --num-envs is the total over the processes")
     args = tyro.cli(Args)
     checkpoint = load_checkpoint(args.resume) if args.resume else None
     args = resume_args(args, checkpoint) if checkpoint else args  # its own settings, but for RESUME_MAY_CHANGE
@@ -837,9 +840,9 @@ def main():
     if args.torch_threads > 0:
         torch.set_num_threads(args.torch_threads)  # speed: tiny matmuls lose more to thread hand-offs than they gain
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False  # float32 is float32 on GPUs too
-    code = None
+    code = run_name = None
     try:
-        report_evaluation(args) if args.eval_checkpoint else train(args)
+        run_name = report_evaluation(args) if args.eval_checkpoint else train(args)
     except KeyboardInterrupt:  # a second Ctrl-C / SIGTERM: at once (a checkpoint is renamed into place whole, or not at all)
         code = "stopped at once; the last checkpoint written stays whole"
     except (gym.error.Error, ImportError) as e:  # an unknown env id, a package missing (moviepy for videos)
@@ -847,7 +850,7 @@ def main():
     except SystemExit as e:
         code = e.code
     if "MASTER_ADDR" not in os.environ:
-        sys.exit(code)
+        return sys.exit(code) if code else run_name  # a run that ends normally returns (runpy, tuners)
     # under torchrun all is written: exit now, without the interpreter's teardown (gloo's worker thread may still be
     # freeing the last all-reduce's tensors, which takes the GIL: during the teardown that aborts the process, SIGABRT)
     if isinstance(code, str):
@@ -857,4 +860,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    run_name = main()  # in the globals runpy returns, as CleanRL's tuner reads it

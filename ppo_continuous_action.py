@@ -503,6 +503,7 @@ def train(args):
     envs.close()
     writer.close()
     finish(stop, f"{run_dir}/checkpoint.pt", global_step)  # after Ctrl-C / SIGTERM: how to go on; exit 128 + signal
+    return run_name
 
 
 # ==== plumbing, not PPO: checks, checkpoints, resume, signals, evaluation ====
@@ -720,7 +721,7 @@ def main():
         torch.set_num_threads(args.torch_threads)  # speed: tiny matmuls lose more to thread hand-offs than they gain
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False  # float32 is float32 on GPUs too
     try:
-        report_evaluation(args) if args.eval_checkpoint else train(args)
+        return report_evaluation(args) if args.eval_checkpoint else train(args)  # the run's name (CleanRL's tuner)
     except KeyboardInterrupt:  # a second Ctrl-C / SIGTERM: at once (a checkpoint is renamed into place whole, or not at all)
         sys.exit("stopped at once; the last checkpoint written stays whole")
     except (gym.error.Error, ImportError) as e:  # an unknown env id, its module:EnvId's module, Box2D, moviepy, Pusher-v4
@@ -728,4 +729,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    run_name = main()  # in the globals runpy returns, as CleanRL's tuner reads it

@@ -59,6 +59,7 @@ def script_at(rev, script, folder):
         ("ppo.py", ["--total-timesteps", 100], ["--total-timesteps 100 is below one batch (512)"]),
         ("ppo_atari_envpool.py", ["--noop-max", 0], ["--noop-max 0"]),
         ("ppo_atari_envpool.py", ["--capture-video"], ["ppo_atari.py --capture-video"]),
+        ("ppo_atari_multigpu.py", ["--local-num-envs", 4], ["CleanRL's envs per process", "--num-envs is the total"]),
     ],
 )
 def test_a_mistake_is_one_line_and_leaves_no_run_folder(script, args, words, tmp_path):
@@ -355,17 +356,19 @@ def test_a_resumed_run_with_videos_keeps_the_earlier_ones(tmp_path):
 
 
 def test_two_runs_in_one_process(tmp_path):
-    """A tuner (runpy, Optuna) calls main() in a loop: a run that ends normally returns."""
+    """A tuner (runpy, Optuna) calls main() in a loop: a run that ends normally returns, and, as CleanRL's tuner reads
+    it, the globals runpy returns hold the run's name."""
     code = (
         "import runpy, sys\n"
         "for seed in (1, 2):\n"
         "    sys.argv = ['ppo.py', '--num-envs', '2', '--num-steps', '128', '--total-timesteps', '256', '--seed', str(seed)]\n"
-        f"    runpy.run_path({str(ROOT / 'ppo.py')!r}, run_name='__main__')\n"
-        "print('both returned')\n"
+        f"    experiment = runpy.run_path({str(ROOT / 'ppo.py')!r}, run_name='__main__')\n"
+        "    print('run', experiment['run_name'])\n"
     )
     res = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=300)
-    assert res.returncode == 0 and "both returned" in res.stdout, res.stderr
-    assert len(run_dirs(tmp_path)) == 2
+    assert res.returncode == 0, res.stderr
+    names = [line.split()[1] for line in res.stdout.splitlines() if line.startswith("run ")]
+    assert len(names) == 2 and sorted(tmp_path / "runs" / n for n in names) == run_dirs(tmp_path), res.stdout
 
 
 def test_an_exp_name_with_a_slash_makes_nested_folders_not_a_traceback(tmp_path):
