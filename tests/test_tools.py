@@ -278,7 +278,11 @@ def test_shared_plumbing_names_a_changed_run_method_until_it_is_declared_own(fen
         ),
         ("def train(", "# ==== the PPO loop ====\ndef train(", "ppo_multidiscrete.py: 2 fence lines (lines "),
         ("# ==== plumbing", "# plumbing", "ppo_multidiscrete.py: no fence line"),
-        ("    main()\n", '    main()\n    print("done")\n', "ppo_multidiscrete.py: does not end with `if __name__"),
+        (
+            "    run_name = main()",
+            '    run_name = main()\n    print("done")',
+            "ppo_multidiscrete.py: does not end with `if __name__",
+        ),
     ],
 )
 def test_shared_plumbing_check_fails_on_a_fenced_section_problem(fenced, old, new, expected):
@@ -578,12 +582,16 @@ def test_committed_report_comes_back_from_its_episodes_file(folder, tmp_path):
     assert tables[0] == tables[1] and tables[0]
 
 
+RESULTS_TABLE = re.compile(r"^\| env \| script \| steps \| seeds \| ours \|.*?\n\|[-|]+\|\n((?:\|.*\n)+)", re.M)
+
+
 def readme_results_rows(text):
-    """README's results table: (env, script and flags, steps, seeds, our figure) for each row."""
-    table = re.search(r"^\| env \| script \| steps \| seeds \| ours \|.*?\n\|[-|]+\|\n((?:\|.*\n)+)", text, re.M)
-    assert table, "README.md: no results table (| env | script | steps | seeds | ours | ...)"
+    """The rows of every results table in a page (| env | script | steps | seeds | ours | ...; README.md has one, the
+    docs/ pages more): (env, script and flags, steps, seeds, our figure) for each row."""
+    tables = RESULTS_TABLE.findall(text)
+    assert tables, "no results table (| env | script | steps | seeds | ours | ...)"
     rows = []
-    for line in table.group(1).splitlines():
+    for line in "".join(tables).splitlines():
         env, script, steps, seeds, ours = [c.strip() for c in line.strip("|").split("|")][:5]
         first, _, last = seeds.partition("–")
         steps = float(steps[:-1]) * {"k": 1e3, "M": 1e6}[steps[-1]]
@@ -595,7 +603,7 @@ def committed_figure(env, script, steps, seeds):
     """What the committed reports (docs/results/**/summary.csv) give for these runs: `mean ± std` over `seeds` (numpy's
     std, ddof=0), or the mean alone for one seed, from each matching row's figures per seed; [] where none matches."""
 
-    def key(name):  # README may shorten an env id: 'MicroRTS ProduceCombatUnits' is a prefix of its key
+    def key(name):  # a page may shorten an env id: 'MicroRTS ProduceCombatUnits' is a prefix of its key
         return re.sub(r"[^a-z0-9]", "", name.lower())
 
     found = []
@@ -618,7 +626,7 @@ def committed_figure(env, script, steps, seeds):
 
 
 def readme_results_errors(text):
-    """A line for each figure of ours in README's results table that no committed report gives."""
+    """A line for each figure of ours in a page's results tables that no committed report gives."""
     errors = []
     for env, script, steps, seeds, ours in readme_results_rows(text):
         found = committed_figure(env, script, steps, seeds)
@@ -629,23 +637,42 @@ def readme_results_errors(text):
 
 
 def test_readme_results_are_the_figures_of_the_committed_reports():
-    """Each figure of ours in README's results table is that of a committed report under docs/results/ (the same env,
-    script and flags, steps and seeds): a figure cannot be typed in, or outlive the report it came from."""
+    """README's one results table: each figure of ours is that of a committed report under docs/results/ (the same env,
+    script and flags, steps and seeds), so a figure cannot be typed in, or outlive the report it came from."""
     text = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert len(RESULTS_TABLE.findall(text)) == 1
     assert len(readme_results_rows(text)) >= 10
     assert readme_results_errors(text) == []
 
 
+DOCS_WITH_RESULTS = sorted(
+    p.relative_to(ROOT).as_posix()
+    for p in (ROOT / "docs").rglob("*.md")
+    if RESULTS_TABLE.search(p.read_text(encoding="utf-8"))
+)
+
+
+@pytest.mark.parametrize("page", DOCS_WITH_RESULTS)
+def test_docs_results_are_the_figures_of_the_committed_reports(page):
+    """The figures that moved from README.md into docs/ pages (each seed, the shorter runs) stay tied to the reports."""
+    assert readme_results_errors((ROOT / page).read_text(encoding="utf-8")) == []
+
+
+def test_the_docs_pages_with_results_are_found():
+    assert {"docs/classic.md", "docs/mujoco.md", "docs/atari.md", "docs/microrts.md"} <= set(DOCS_WITH_RESULTS)
+
+
 def test_readme_results_check_fails_on_a_figure_that_is_not_reported():
     text = (ROOT / "README.md").read_text(encoding="utf-8")
-    row = "| Hopper-v4 | `ppo_continuous_action.py` | 1M | 1–3 | 2060.22 ± 153.99 |"
+    row = "| Hopper-v4 | `ppo_continuous_action.py` | 1M | 1–5 | 2188.29 ± 249.22 |"
     assert text.count(row) == 1
     for changed, said in [
-        ("| 1M | 1–3 | 2060.23 ± 153.99 |", "2060.23 ± 153.99, but the committed report gives 2060.22 ± 153.99"),
-        ("| 1M | 1–2 | 2060.22 ± 153.99 |", "seeds 1–2: 2060.22 ± 153.99, but the committed report gives 2044.40 ± 186.60"),
-        ("| 2M | 1–3 | 2060.22 ± 153.99 |", "no committed report has these runs"),
+        ("| 1M | 1–5 | 2188.30 ± 249.22 |", "2188.30 ± 249.22, but the committed report gives 2188.29 ± 249.22"),
+        ("| 1M | 1–3 | 2188.29 ± 249.22 |", "seeds 1–3: 2188.29 ± 249.22, but the committed report gives 2060.22 ± 153.99"),
+        ("| 1M | 4 | 2188.29 ± 249.22 |", "seeds 4–4: 2188.29 ± 249.22, but the committed report gives 2621.65"),
+        ("| 2M | 1–5 | 2188.29 ± 249.22 |", "no committed report has these runs"),
     ]:
-        errors = readme_results_errors(text.replace(row, row.replace("| 1M | 1–3 | 2060.22 ± 153.99 |", changed)))
+        errors = readme_results_errors(text.replace(row, row.replace("| 1M | 1–5 | 2188.29 ± 249.22 |", changed)))
         assert len(errors) == 1 and errors[0].startswith("Hopper-v4 |") and said in errors[0], errors
     flagged = row.replace("`ppo_continuous_action.py`", "`ppo_continuous_action.py --no-norm-obs`")
     assert "no committed report" in readme_results_errors(text.replace(row, flagged))[0]
@@ -920,92 +947,74 @@ def test_speed_bad_input_one_clear_line(args, message):
     assert res.returncode == 2 and message in res.stderr and "Traceback" not in res.stderr
 
 
-# ------------------------------------------------------------------------------------------------ GPU check
+def markdown_pages():
+    """README.md, DETAILS.md, every .md under docs/ (but the generated docs/diffs/) and under benchmark/."""
+    pages = [ROOT / "README.md", ROOT / "DETAILS.md", *(ROOT / "docs").rglob("*.md"), *(ROOT / "benchmark").rglob("*.md")]
+    return sorted(p.relative_to(ROOT).as_posix() for p in pages if "diffs" not in p.relative_to(ROOT).parts)
 
 
-def gpu_check(env, tmp_path, timeout=600):
-    full_env = {**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": str(tmp_path), **env}  # its kept logs: in tmp_path
-    if "PATH" not in env:  # this python (a venv's called by path, not activated) is the one the script's `python` finds
-        full_env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), full_env.get("PATH", "")])
-    cmd = ["bash", str(ROOT / "benchmark" / "gpu_check.sh")]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full_env, cwd=ROOT)
+def github_anchors(text):
+    """The anchors GitHub gives a page's headings: lower case, punctuation dropped, spaces to '-', repeats numbered."""
+    anchors, seen, fenced = set(), {}, False
+    for line in text.splitlines():
+        if line.lstrip().startswith("```"):
+            fenced = not fenced
+        heading = None if fenced else re.match(r"#{1,6} +(.*?)[ #]*$", line)
+        if heading:
+            slug = re.sub(r"[^\w\- ]", "", heading.group(1).strip().lower()).replace(" ", "-")
+            anchors.add(f"{slug}-{seen[slug]}" if slug in seen else slug)
+            seen[slug] = seen.get(slug, 0) + 1
+    return anchors
 
 
-def test_gpu_check_without_a_gpu_says_so_in_one_line(tmp_path):
-    res = gpu_check({}, tmp_path)
-    assert res.returncode == 0 and res.stdout.strip().splitlines() == [
-        "gpu_check: no CUDA GPU visible to torch (torch.cuda.is_available() is False): nothing checked"
-    ], res.stdout + res.stderr
-
-
-def test_gpu_check_pong_monitor_and_torchrun_on_cpu(tmp_path):
-    """The same checks on the CPU (GPU_CHECK_EXPECT=cpu): torchrun makes its process group, and the Pong monitor stops
-    the run once the mean of the last 20 games reaches the target (-21 here: any 20 games, cut at 100 steps each), from
-    the run's events."""
-    short = {"PONG_TARGET": "-21", "PONG_FLAGS": "--max-episode-frames 400"}
-    res = gpu_check({"GPU_CHECK_EXPECT": "cpu", "GPU_CHECK_PARTS": "torchrun pong", **short}, tmp_path)
-    assert res.returncode == 0, res.stdout + res.stderr
-    assert f"logs in {tmp_path}/gpu_check." in res.stdout  # $TMPDIR is honoured: nothing left behind in /tmp
-    assert "ok   torchrun_nccl" in res.stdout
-    (line,) = [x for x in res.stdout.splitlines() if x.startswith("ok   pong:")]
-    assert "the mean of the last 20 games reached" in line and "game 20)" in line
-    res = gpu_check({"GPU_CHECK_EXPECT": "cpu", "GPU_CHECK_PARTS": "pong", "LIMIT_SECONDS": "20"}, tmp_path)
-    assert res.returncode == 1 and "FAIL pong: only" in res.stdout
-
-
-def test_gpu_check_stops_a_check_that_outlasts_its_time_and_fails(tmp_path):
-    """A hung check (a first CUDA call, a stuck process group) is stopped after CHECK_SECONDS and fails, instead of
-    stalling the whole check, with the stack of each of its Python processes; a worker that torchrun started in a
-    session of its own (as torchrun does) is stopped too, not left running. torchrun here is a stand-in that hangs."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    worker, pid_file = tmp_path / "hung_worker.py", tmp_path / "worker.pid"
-    worker.write_text(f"import os, time\n\nopen({str(pid_file)!r}, 'w').write(str(os.getpid()))\ntime.sleep(600)\n")
-    (bin_dir / "torchrun").write_text(
-        f"#!{sys.executable}\nimport subprocess, sys, time\n\n"
-        f"subprocess.Popen([sys.executable, {str(worker)!r}], start_new_session=True)\ntime.sleep(600)\n"
-    )
-    (bin_dir / "torchrun").chmod(0o755)
-    env = {"GPU_CHECK_EXPECT": "cpu", "GPU_CHECK_PARTS": "torchrun", "CHECK_SECONDS": "3"}
-    env["PATH"] = os.pathsep.join([str(bin_dir), os.path.dirname(sys.executable), os.environ["PATH"]])
-    t0 = time.time()
-    res = gpu_check(env, tmp_path, timeout=120)
-    assert res.returncode == 1, res.stdout + res.stderr
-    assert "FAIL torchrun_nccl: still running after 3 s, stopped" in res.stdout and time.time() - t0 < 60
-    assert f'File "{worker}", line 4' in res.stdout and "most recent call first" in res.stdout  # the worker's stack
-    worker_pid = int(pid_file.read_text())
-    assert not Path(f"/proc/{worker_pid}").exists() or "Z" in Path(f"/proc/{worker_pid}/stat").read_text().split()[2]
-    assert res.stderr == "", res.stderr
-
-
-@pytest.mark.parametrize("var", ["CHECK_SECONDS", "PROBE_SECONDS", "LIMIT_SECONDS"])
-def test_gpu_check_refuses_a_time_limit_that_is_not_a_whole_number(tmp_path, var):
-    res = gpu_check({var: "3m"}, tmp_path, timeout=60)
-    assert res.returncode == 2 and res.stdout == "", res.stdout + res.stderr
-    assert res.stderr.strip() == f"gpu_check: {var} must be a whole number of seconds above 0, not '3m'"
-
-
-def test_gpu_check_stops_a_hung_torch_import_and_says_where_not_no_gpu(tmp_path):
-    """A first `import torch` that hangs (a stuck driver, a slow file system) fails with the stack where it hung; it
-    is not reported as a machine without a GPU."""
-    fake = tmp_path / "fake" / "torch"
-    fake.mkdir(parents=True)
-    (fake / "__init__.py").write_text("import time\n\ntime.sleep(600)  # hung_import_marker\n")
-    env = {"PROBE_SECONDS": "2", "PYTHONPATH": str(fake.parent)}
-    t0 = time.time()
-    res = gpu_check(env, tmp_path, timeout=60)
-    assert res.returncode == 1, res.stdout + res.stderr
-    assert "FAIL probe: importing torch and asking for CUDA still ran after 2 s, stopped" in res.stdout
-    assert str(fake / "__init__.py") in res.stdout and "no CUDA GPU" not in res.stdout and time.time() - t0 < 30
-
-
-@pytest.mark.parametrize("doc", ["README.md", "benchmark/RESULTS.md", "docs/results/README.md"])
+@pytest.mark.parametrize("doc", markdown_pages())
 def test_relative_links_of_the_docs_point_at_files(doc):
+    """Every relative link (and image) of the pages resolves, and an anchor into a page names one of its headings."""
     text = (ROOT / doc).read_text(encoding="utf-8")
-    links = [m for m in re.findall(r"\]\(([^)\s]+)\)", text) if not m.startswith(("http://", "https://", "#"))]
+    links = re.findall(r"\]\(([^)\s]+)\)", text) + re.findall(r"<img [^>]*src=\"([^\"]+)\"", text)
+    links = [m for m in links if not m.startswith(("http://", "https://", "mailto:"))]
     assert links or doc != "README.md"
-    missing = [m for m in links if not ((ROOT / doc).parent / m.split("#")[0]).exists()]
-    assert not missing, missing
+    bad = []
+    for link in links:
+        path, _, anchor = link.partition("#")
+        target = (ROOT / doc).parent / path if path else ROOT / doc
+        if not target.exists():
+            bad.append(link)
+        elif anchor and target.suffix == ".md" and anchor not in github_anchors(target.read_text(encoding="utf-8")):
+            bad.append(f"{link} (no such heading)")
+    assert not bad, bad
+
+
+def test_the_link_check_sees_every_page_and_anchor():
+    assert {"README.md", "docs/README.md", "docs/results/README.md", "benchmark/inflight/README.md"} <= set(markdown_pages())
+    anchors = github_anchors("# A `--bf16` page: 2.04×\n## Speed\n```\n# not a heading\n```\n## Speed\n")
+    assert anchors == {"a---bf16-page-204", "speed", "speed-1"}
+
+
+def test_readme_is_a_front_page():
+    """README.md stays short, and a new user reaches the install command within its first screen."""
+    lines = (ROOT / "README.md").read_text(encoding="utf-8").splitlines()
+    assert len(lines) <= 220
+    assert any(line.startswith("pip install") for line in lines[:40])
+
+
+def test_pyproject_pins_are_those_of_requirements():
+    """pyproject.toml's dependencies and extras pin exactly what requirements.txt (and requirements-microrts.txt)
+    pins, so `pip install -e .[dev]` and `pip install -r requirements.txt` cannot drift apart."""
+    import tomllib
+
+    def pins(lines):
+        return {re.split(r"[\[=<>~ ]", r)[0].lower(): r for r in (x.split("#")[0].strip() for x in lines) if r}
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    extras = project["optional-dependencies"]
+    requirements = pins((ROOT / "requirements.txt").read_text().splitlines())
+    microrts = pins((ROOT / "requirements-microrts.txt").read_text().splitlines())
+    declared = pins(project["dependencies"] + [r for name, reqs in extras.items() if name != "microrts" for r in reqs])
+    assert declared == requirements
+    assert all("==" in r for r in declared.values())
+    assert pins(extras["microrts"]).items() <= microrts.items()  # gym-microrts itself: tools/install_microrts.sh
+    assert {"envpool", "dev", "microrts"} <= extras.keys() and project["requires-python"] == ">=3.11"
 
 
 def test_ci_runs_the_test_command_of_readme_and_installs_what_it_needs():
