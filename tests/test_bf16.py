@@ -1,14 +1,18 @@
 """--bf16 in the four Atari scripts: the CNN under bfloat16 autocast, everything from its output on in float32."""
 
-import copy
+import importlib.util
 import json
 import math
 import os
 
 import pytest
 import torch
-from conftest import ROOT, load_script, run_dirs, run_python, run_script
+from conftest import ROOT, load_script, run_dirs, run_python
 from tbutil import read_scalars
+
+spec = importlib.util.spec_from_file_location("bit_checks", ROOT / "benchmark" / "bit_checks.py")
+bit_checks = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(bit_checks)  # the bit-level checks that benchmark/gpu_check.py runs on the GPU
 
 ATARI = ["ppo_atari.py", "ppo_atari_envpool.py", "ppo_atari_lstm.py", "ppo_atari_multigpu.py"]
 TINY = ["--num-envs", 2, "--num-steps", 32, "--num-minibatches", 2, "--total-timesteps", 128, "--torch-threads", 1]
@@ -17,9 +21,6 @@ ONE_THREAD = {"OMP_NUM_THREADS": "1"}
 
 def native_bf16():
     return load_script("ppo_atari.py").bf16_native(load_script("ppo_atari.py").Args(cuda=False))
-
-
-needs_bf16 = pytest.mark.skipif(not native_bf16(), reason="this CPU has no AVX512-BF16 or AMX-BF16 (--bf16 is refused)")
 
 
 @pytest.mark.parametrize("script", ATARI)
@@ -70,70 +71,26 @@ def test_bf16_scales_the_frames_to_the_bits_autocast_gives_x_over_255(script):
 def test_channels_last_frames_are_laid_out_once_to_the_same_bits(script):
     """--channels-last lays the frames out NHWC in trunk (with --bf16's cast) instead of leaving each convolution to
     reorder them in its forward and again in its backward: the first convolution gets NHWC frames, and the output and
-    every gradient are those of the NCHW frames, to the bit, in float32 and in bfloat16."""
-    module = load_script(script)
-    envs = module.make_envs(module.Args(num_envs=2), "test")
-    envs.close()
-    x = torch.randint(0, 256, (16,) + envs.single_observation_space.shape, dtype=torch.uint8)
+    every gradient are those of the NCHW frames, to the bit, in float32 and in bfloat16 (benchmark/bit_checks.py: the
+    same check runs on the GPU in benchmark/gpu_check.py)."""
     source = (ROOT / script).read_text()
     assert "agent.to(memory_format=torch.channels_last)\n        agent.frames_format = torch.channels_last\n" in source
-    for bf16 in (False, True):
-        torch.manual_seed(0)
-        agent = module.Agent(envs, bf16=bf16).to(memory_format=torch.channels_last)
-        before = copy.deepcopy(agent)  # NCHW frames into NHWC weights: the convolutions reorder them
-        agent.frames_format = torch.channels_last  # what train does with --channels-last
-        seen = []
-        for net in (agent, before):
-            net.network[0].register_forward_pre_hook(lambda m, inputs, seen=seen: seen.append(inputs[0]))
-        out, ref = agent.trunk(x), before.trunk(x)
-        assert seen[0].is_contiguous(memory_format=torch.channels_last) and seen[1].is_contiguous()
-        assert not x.is_contiguous(memory_format=torch.channels_last) or x.shape[1] == 1  # the LSTM's one frame: alike
-        assert out.dtype == torch.float32 and torch.equal(out, ref)
-        (out * torch.linspace(-1, 1, out.shape[-1])).sum().backward()
-        (ref * torch.linspace(-1, 1, ref.shape[-1])).sum().backward()
-        for (name, p), q in zip(agent.network.named_parameters(), before.network.parameters()):
-            assert torch.equal(p.grad, q.grad), (bf16, name)
+    bit_checks.channels_last_trunk_same_bits(load_script(script), "cpu")
 
 
 @pytest.mark.parametrize("script", ATARI)
 def test_the_bf16_rollout_copy_acts_to_the_bit_as_autocast_does(script):
     """--bf16's rollout acts with a copy of the agent whose CNN weights were cast to bfloat16 once (autocast casts them
     in every forward pass): the same actions, log-probabilities, entropies, values (and LSTM states) to the bit, NCHW
-    and NHWC; the heads (and the LSTM) stay float32, the agent itself is untouched; without --bf16, the agent itself."""
-    module = load_script(script)
-    envs = module.make_envs(module.Args(num_envs=2), "test")
-    envs.close()
-    lstm = script == "ppo_atari_lstm.py"
-    x = torch.randint(0, 256, (8,) + envs.single_observation_space.shape, dtype=torch.uint8)
-    state = (module.Agent(envs).initial_state(8), torch.tensor([0.0, 1.0] * 4)) if lstm else ()
-    torch.manual_seed(0)
-    plain = module.Agent(envs)
-    assert plain.rollout_copy() is plain
-    for channels_last in (False, True):
-        torch.manual_seed(0)
-        agent = module.Agent(envs, bf16=True)
-        if channels_last:  # what train does with --channels-last
-            agent = agent.to(memory_format=torch.channels_last)
-            agent.frames_format = torch.channels_last
-        weights = {name: p.detach().clone() for name, p in agent.named_parameters()}
-        policy = agent.rollout_copy()
-        assert policy is not agent and policy.bf16 and policy.frames_format == agent.frames_format
-        for name, p in policy.named_parameters():
-            assert p.dtype == (torch.bfloat16 if name.startswith("network.") else torch.float32), name
-            assert torch.equal(p, weights[name].to(p.dtype)), name  # autocast's own rounding for the CNN's
-        assert all(p.dtype == torch.float32 and torch.equal(p, weights[n]) for n, p in agent.named_parameters())
-        assert not {p.data_ptr() for p in policy.parameters()} & {p.data_ptr() for p in agent.parameters()}
-        if channels_last:
-            assert policy.network[0].weight.is_contiguous(memory_format=torch.channels_last)
-        outputs = []
-        for net in (agent, policy):
-            torch.manual_seed(1)  # the same draws for the sampled actions
-            with torch.inference_mode():
-                outputs.append(net.get_action_and_value(x, *state))
-        flat = [[t for out in outs for t in (out if isinstance(out, tuple) else (out,))] for outs in outputs]
-        assert len(flat[0]) == (6 if lstm else 4)
-        for a, b in zip(*flat):
-            assert a.dtype == b.dtype and torch.equal(a, b), channels_last
+    and NHWC; the heads (and the LSTM) stay float32, the agent itself is untouched; without --bf16, the agent itself
+    (benchmark/bit_checks.py, also run on the GPU)."""
+    bit_checks.rollout_copy_acts_as_autocast(load_script(script), "cpu")
+
+
+@pytest.mark.parametrize("script", ATARI)
+def test_the_nhwc_minibatch_gather_gives_the_rows_to_the_bit_laid_out_nhwc(script):
+    """The update's index_select gather of frames stored NHWC: b_obs[mb_inds] to the bit, NHWC (bit_checks.py)."""
+    bit_checks.nhwc_gather_same_bits(load_script(script), "cpu")
 
 
 # records what reaches Agent.trunk in a run of the script: inference mode, grad mode, batch, dtype, layouts, CNN dtype
@@ -179,23 +136,78 @@ def test_channels_last_stores_the_frames_nhwc_and_bf16_acts_with_the_cast_copy(s
         assert {s[6] for s in rollout} == {"torch.bfloat16" if bf16 else "torch.float32"}
 
 
-@needs_bf16
+# a run of the script with --bf16 let through where bfloat16 is only emulated (this CPU, likely: slower, the same bits;
+# the script's own refusal is tested below), acting in its rollout as MODE says: "script" (its own rollout_copy(), as
+# written), "fresh" (the agent itself, whose CNN weights autocast casts in every forward pass: the bits of a copy made
+# fresh at every step, wherever the script calls rollout_copy()), "once" (the first copy kept for the whole run, as if
+# rollout_copy() were called before the iteration loop: the stale copy these tests must catch)
+BF16_RUN = """
+import importlib.util, sys
+spec = importlib.util.spec_from_file_location("script", sys.argv[1])
+module = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(module)
+module.bf16_native = lambda args: True
+first_copy, kept = module.Agent.rollout_copy, []
+if sys.argv[2] == "fresh":
+    module.Agent.rollout_copy = lambda self: self
+elif sys.argv[2] == "once":
+    module.Agent.rollout_copy = lambda self: kept[0] if kept else kept.append(first_copy(self)) or kept[0]
+sys.argv = [sys.argv[1], *sys.argv[3:]]
+module.main()
+"""
+# three iterations (the rollout of the second and third acts with updated weights), kept small: bfloat16 emulated on
+# the CPU is slow
+BF16_TINY = ["--num-envs", 2, "--num-steps", 8, "--num-minibatches", 1, "--update-epochs", 2, "--torch-threads", 1]
+BF16_TINY += ["--total-timesteps", 48]
+ONE_THREAD_ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "WANDB_MODE": "offline", **ONE_THREAD}
+
+
+@pytest.fixture(scope="module")
+def bf16_runs(tmp_path_factory):
+    """bf16_runs(script, mode, name, *flags): the losses/* scalars of that run ({tag: [(step, value), ...]}), each run
+    made once in this module (in its own process, through the fork server)."""
+    folder, done = tmp_path_factory.mktemp("bf16_runs"), {}
+    driver = folder / "bf16_run.py"
+    driver.write_text(BF16_RUN)
+
+    def run(script, mode, name, *flags):
+        if (script, mode, name, flags) not in done:
+            cwd = folder / f"{script[:-3]}-{mode}-{name}"
+            cwd.mkdir()
+            args = [*BF16_TINY, "--bf16", *flags, "--exp-name", name]
+            res = run_python(driver, ROOT / script, mode, *args, cwd=cwd, env=ONE_THREAD_ENV)
+            assert res.returncode == 0, res.stderr[-2000:]
+            (run_dir,) = run_dirs(cwd)
+            losses = {t: v for t, v in read_scalars(run_dir).items() if t.startswith("losses/")}
+            assert len(losses) >= 6 and all(len(v) == 3 for v in losses.values()), losses  # three iterations
+            done[script, mode, name, flags] = losses
+        return done[script, mode, name, flags]
+
+    return run
+
+
 @pytest.mark.parametrize("script", ATARI)
-def test_a_tiny_bf16_run_trains_and_is_deterministic(script, tmp_path):
-    losses = []
-    for name in ("a", "b") if script == "ppo_atari.py" else ("a",):
-        res = run_script(script, *TINY, "--bf16", "--exp-name", name, cwd=tmp_path, env=ONE_THREAD)
-        assert res.returncode == 0, res.stderr[-2000:]
-        (run_dir,) = [d for d in run_dirs(tmp_path) if f"__{name}__" in d.name]
-        scalars = {t: v for t, v in read_scalars(run_dir).items() if t.startswith("losses/")}
-        assert all(math.isfinite(v) for values in scalars.values() for _, v in values)
-        losses.append(scalars)
-    assert losses[0] == losses[-1]  # the same seed, the same bfloat16 run, to the bit
-    if script == "ppo_atari.py":  # and not the float32 run
-        res = run_script(script, *TINY, "--exp-name", "fp32", cwd=tmp_path, env=ONE_THREAD)
-        (run_dir,) = [d for d in run_dirs(tmp_path) if "__fp32__" in d.name]
-        fp32 = {t: v for t, v in read_scalars(run_dir).items() if t.startswith("losses/")}
-        assert fp32 != losses[0]
+def test_a_tiny_bf16_run_trains_and_is_deterministic(script, bf16_runs):
+    """Two separate runs (two processes) with the same seed: the same bfloat16 losses, to the bit, all finite."""
+    a, b = bf16_runs(script, "script", "a"), bf16_runs(script, "script", "b")
+    assert all(math.isfinite(v) for values in a.values() for _, v in values)
+    assert a is not b and a == b
+
+
+def test_a_tiny_bf16_run_is_not_the_float32_run(bf16_runs):
+    assert bf16_runs("ppo_atari.py", "script", "a") != bf16_runs("ppo_atari.py", "script", "fp32", "--no-bf16")
+
+
+@pytest.mark.parametrize("script", ATARI)
+def test_each_bf16_rollout_acts_with_a_copy_of_the_current_weights(script, bf16_runs):
+    """Three iterations with --bf16: the script's run equals, to the bit, the run that acts with the agent itself under
+    autocast (a copy made fresh at every step), and a copy made once for the whole run (rollout_copy() moved out of the
+    iteration loop) gives other losses from the second iteration on: this comparison catches a stale copy."""
+    run, fresh, once = (bf16_runs(script, mode, "a") for mode in ("script", "fresh", "once"))
+    assert run == fresh
+    assert once != fresh
+    first = {tag: values[0] for tag, values in once.items()}
+    assert first == {tag: values[0] for tag, values in fresh.items()}  # the first iteration: the same copy
 
 
 def test_bf16_refused_before_anything_starts(tmp_path):
