@@ -55,7 +55,7 @@ def top_level_sources(name):
 
 def test_shared_passages_are_identical_to_ppo():
     ppo, cont = top_level_sources("ppo.py"), top_level_sources(SCRIPT)
-    shared = ["layer_init", "compute_gae", "ppo_loss", "make_optimizer", "gradient_step", "check_args", "open_run"]
+    shared = ["layer_init", "compute_gae", "ppo_loss", "make_optimizer", "gradient_step", "open_run"]  # check_args: dm_control
     for name in shared + ["open_logs", "catch_signals", "save_checkpoint", "load_checkpoint", "restore", "resume_args"]:
         assert cont[name] == ppo[name], name
 
