@@ -355,6 +355,10 @@ def pong(logs, target, seconds, flags, env):
                     g = games[hits[0] + 19]
                     reached = (means[hits[0]], g.wall_time - first, g.step, hits[0] + 20)
     finally:  # the run never outlives the check
+        for _ in range(600):  # a clean stop once its signal handlers are set, which it says with "training ..."
+            if proc.poll() is not None or "training " in (logs / "pong.log").read_text(errors="replace"):
+                break
+            time.sleep(0.1)
         if proc.poll() is None:
             proc.send_signal(signal.SIGINT)  # logs closed, a checkpoint written
             try:

@@ -203,8 +203,11 @@ def test_each_bf16_rollout_acts_with_a_copy_of_the_current_weights(script, bf16_
     """Three iterations with --bf16: the script's run equals, to the bit, the run that acts with the agent itself under
     autocast (a copy made fresh at every step), and a copy made once for the whole run (rollout_copy() moved out of the
     iteration loop) gives other losses from the second iteration on: this comparison catches a stale copy."""
-    run, fresh, once = (bf16_runs(script, mode, "a") for mode in ("script", "fresh", "once"))
+    run, fresh = (bf16_runs(script, mode, "a") for mode in ("script", "fresh"))
     assert run == fresh
+    if script not in ("ppo_atari.py", "ppo_atari_lstm.py"):  # the envpool and multigpu scripts: ppo_atari.py's copy
+        return
+    once = bf16_runs(script, "once", "a")
     assert once != fresh
     first = {tag: values[0] for tag, values in once.items()}
     assert first == {tag: values[0] for tag, values in fresh.items()}  # the first iteration: the same copy
