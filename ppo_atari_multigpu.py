@@ -338,8 +338,7 @@ def compute_gae(rewards, values, dones, next_value, next_done, gamma, gae_lambda
     lastgaelam = 0
     for t in reversed(range(rewards.shape[0])):  # A_t = delta_t + gamma * lambda * A_t+1, within an episode
         advantages[t] = lastgaelam = deltas[t] + decays[t] * lastgaelam
-    returns = advantages + values
-    return advantages, returns
+    return advantages, advantages + values  # and the returns, advantages + values
 
 
 def ppo_loss(newlogprob, entropy, newvalue, oldlogprob, advantages, returns, oldvalues, args, clip_coef):

@@ -2,6 +2,7 @@
 import atexit
 import collections
 import contextlib
+import importlib.metadata
 import importlib.util
 import itertools
 import math
@@ -141,7 +142,7 @@ def make_env(env_id, idx, capture_video, run_name, clip_action=True):
             env = gym.wrappers.RecordVideo(env, f"videos/{run_name}")
         else:
             env = gym.make(env_id)
-        env = env if isinstance(env.observation_space, gym.spaces.Box) else gym.wrappers.FlattenObservation(env)  # Dict, Tuple
+        env = env if isinstance(env.observation_space, gym.spaces.Box) else gym.wrappers.FlattenObservation(env)  # Dict: flat
         env = gym.wrappers.RecordEpisodeStatistics(env)
         # detail continuous-5: the env clips actions to its bounds; the unclipped sample is stored and scored
         env = gym.wrappers.ClipAction(env) if clip_action and isinstance(env.action_space, gym.spaces.Box) else env
@@ -290,8 +291,7 @@ def compute_gae(rewards, values, dones, next_value, next_done, gamma, gae_lambda
     lastgaelam = 0
     for t in reversed(range(rewards.shape[0])):  # A_t = delta_t + gamma * lambda * A_t+1, within an episode
         advantages[t] = lastgaelam = deltas[t] + decays[t] * lastgaelam
-    returns = advantages + values
-    return advantages, returns
+    return advantages, advantages + values  # and the returns, advantages + values
 
 
 def bootstrap_truncated(rewards, terminations, truncations, infos, value_fn, gamma):
@@ -525,8 +525,10 @@ def check_args(args):
         return f"--num-minibatches {args.num_minibatches} does not divide the batch ({args.batch_size}); pick a divisor of it"
     if args.total_timesteps < args.batch_size:
         return f"--total-timesteps {args.total_timesteps} is below one batch ({args.batch_size}); raise it to at least that"
-    if args.env_id.startswith("dm_control/") and importlib.util.find_spec("shimmy") is None:
+    if args.env_id.startswith("dm_control/") and not importlib.util.find_spec("shimmy"):
         return "dm_control's tasks need dm_control and shimmy: pip install -r requirements-dm_control.txt"
+    if args.env_id.startswith("dm_control/") and int(importlib.metadata.version("mujoco").split(".")[0]) >= 4:
+        return "dm_control 1.0.50 fails on MuJoCo 4: pip install -r requirements-dm_control.txt (it installs MuJoCo 3.17)"
     return None
 
 

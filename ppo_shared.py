@@ -126,8 +126,9 @@ def make_env(env_id, idx, capture_video, run_name):
             env = gym.wrappers.RecordVideo(env, f"videos/{run_name}")
         else:
             env = gym.make(env_id)
-        env = env if isinstance(env.observation_space, gym.spaces.Box) else gym.wrappers.FlattenObservation(env)  # Dict, Tuple
-        return gym.wrappers.RecordEpisodeStatistics(gym.wrappers.DtypeObservation(env, np.float32))  # float64, int: float32
+        flat = env.observation_space.dtype == np.float32 or len(env.observation_space.shape or ()) > 1  # images: refused
+        env = env if flat else gym.wrappers.DtypeObservation(gym.wrappers.FlattenObservation(env), np.float32)  # Dict, float64
+        return gym.wrappers.RecordEpisodeStatistics(env)
 
     return thunk
 
@@ -194,8 +195,7 @@ def compute_gae(rewards, values, dones, next_value, next_done, gamma, gae_lambda
     lastgaelam = 0
     for t in reversed(range(rewards.shape[0])):  # A_t = delta_t + gamma * lambda * A_t+1, within an episode
         advantages[t] = lastgaelam = deltas[t] + decays[t] * lastgaelam
-    returns = advantages + values
-    return advantages, returns
+    return advantages, advantages + values  # and the returns, advantages + values
 
 
 def ppo_loss(newlogprob, entropy, newvalue, oldlogprob, advantages, returns, oldvalues, args, clip_coef):

@@ -1,6 +1,7 @@
 """The scripts where researchers already are (issue 63): their own env by gymnasium's `module:EnvId`, Dict observations,
 dm_control, envpool's own ids, and a checkpoint that CleanRL's Agent loads."""
 
+import importlib.metadata
 import importlib.util
 import subprocess
 import sys
@@ -89,6 +90,11 @@ def test_dm_control_without_its_install_names_it(monkeypatch):
     args = cont.Args(env_id="dm_control/cartpole-balance-v0")
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None)  # as where shimmy is not installed
     assert "pip install -r requirements-dm_control.txt" in cont.check_args(args)
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object())  # shimmy there, beside MuJoCo 4.0.0
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: {"mujoco": "4.0.0"}[name])
+    assert "fails on MuJoCo 4" in cont.check_args(args)
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: {"mujoco": "3.17.0"}[name])
+    assert cont.check_args(args) is None
 
 
 @pytest.mark.skipif(
@@ -162,4 +168,12 @@ def test_export_refuses_what_is_not_a_checkpoint_in_one_line(tmp_path):
     )
     assert res.returncode == 1 and res.stderr.strip().splitlines() == [
         f"error: {bad} is not a checkpoint of these scripts (give runs/<run_name>/checkpoint.pt)"
+    ]
+    good = tmp_path / "c.pt"
+    torch.save({"script": "ppo.py", "model": {"actor.0.bias": torch.zeros(2)}}, good)
+    res = subprocess.run(
+        [sys.executable, ROOT / "tools" / "export_cleanrl.py", good, tmp_path], capture_output=True, text=True
+    )
+    assert res.returncode == 1 and res.stderr.strip().splitlines() == [
+        f"error: {tmp_path} is a folder; give the path of the file to write, e.g. agent.pt"
     ]

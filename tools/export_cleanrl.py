@@ -49,13 +49,16 @@ def main(argv=None):
         sys.exit(f"error: cannot load the checkpoint {opts.checkpoint}: {(str(e).strip().splitlines() or [''])[0]}")
     if not (isinstance(checkpoint, dict) and {"script", "model"} <= checkpoint.keys()):
         sys.exit(f"error: {opts.checkpoint} is not a checkpoint of these scripts (give runs/<run_name>/checkpoint.pt)")
-    if not opts.out.parent.is_dir():
-        sys.exit(f"error: {opts.out.parent} is not a folder; give the path of the file to write")
+    if opts.out.is_dir() or not opts.out.parent.is_dir():
+        where = f"{opts.out} is a folder" if opts.out.is_dir() else f"{opts.out.parent} is not a folder"
+        sys.exit(f"error: {where}; give the path of the file to write, e.g. agent.pt")
     state = cleanrl_state_dict(checkpoint)
     tmp = opts.out.with_name(f".{opts.out.name}.tmp{os.getpid()}")  # whole or not at all
     try:
         torch.save(state, tmp)
         os.replace(tmp, opts.out)
+    except (OSError, RuntimeError) as e:  # a full disk, a read-only folder (torch says RuntimeError)
+        sys.exit(f"error: cannot write {opts.out}: {str(e).strip().splitlines()[0]}")
     finally:
         tmp.unlink(missing_ok=True)
     print(f"wrote {opts.out}: {len(state)} tensors of {checkpoint['script']} (step {checkpoint.get('global_step')})")
