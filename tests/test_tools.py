@@ -490,14 +490,48 @@ def test_report_writes_figures_and_the_table(runs_dir, tmp_path):
     assert cells[5] == ours
     assert cells[6].startswith(f"{float(ref['ppo2']['mean']):.2f} ± {float(ref['ppo2']['std']):.2f} @ 500k")
     assert cells[7] == f"{np.mean(per_seed) / float(ref['ppo2']['mean']):.2f}"
-    assert cells[9] == f"{np.mean(per_seed) / float(ref['cleanrl']['mean']):.2f}"
+    assert cells[10] == f"{np.mean(per_seed) / float(ref['cleanrl']['mean']):.2f}"
+    assert cells[8] == cells[11] == "—"  # no Welch's p: 20k steps against figures published at 500k
+    like_for_like = tmp_path / "reference.csv"  # the published rows as if at 20k steps: now a p for each
+    published_rows = (ROOT / "benchmark/reference.csv").read_text()
+    like_for_like.write_text(published_rows.replace("CartPole-v1,ppo.py,500000", "CartPole-v1,ppo.py,20000"))
+    assert tool("benchmark/report.py", runs_dir, "--out", tmp_path / "again", "--reference", like_for_like).returncode == 0
+    row = next(x for x in (tmp_path / "again/README.md").read_text().splitlines() if x.startswith("| CartPole-v1 | ppo.py |"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    for baseline, cell in (("ppo2", cells[8]), ("cleanrl", cells[11])):  # Welch's p against each published row
+        published = {"mean": float(ref[baseline]["mean"]), "std": float(ref[baseline]["std"]), "seeds": 3}
+        assert cell == f"{report.welch(per_seed, published)[1]:.2f}"
     pong = next(line for line in text.splitlines() if line.startswith("| ALE/Pong-v5 |"))
-    assert "-20.50 ± 0.00" in pong and pong.count("—") == 4  # no published table for ALE/Pong-v5
+    assert "-20.50 ± 0.00" in pong and pong.count("—") == 6  # no published table for ALE/Pong-v5
     assert "![CartPole-v1](CartPole-v1.png)" in text and "not_a_run_name" in text and "__999" in text
     with open(out / "summary.csv", newline="") as f:
         summary = {r["env"]: r for r in csv.DictReader(f)}
     np.testing.assert_allclose([float(v) for v in summary["CartPole-v1"]["per_seed"].split()], per_seed)
     assert tool("benchmark/report.py", tmp_path / "empty_nothing", "--out", out).returncode != 0
+
+
+def test_welch_p_is_students_t_with_the_welch_satterthwaite_degrees_of_freedom():
+    """Welch's test without scipy: two seeds a side with equal variances of the mean give 2 degrees of freedom, where
+    Student's two-sided p is 1 - |t| / sqrt(2 + t^2); 3 a side give 4, where t = 2.776445 is the 5% point."""
+    for gap in (0.0, 0.3, 1.0, 2.5, 10.0, -4.0):
+        # ours [-1, 1]: sample variance 2; published std 1 (numpy's) over 2 seeds: sample variance 2 too
+        t, p = report.welch([-1.0, 1.0], {"mean": -gap, "std": 1.0, "seeds": 2})
+        assert t == pytest.approx(gap / math.sqrt(2))
+        assert p == pytest.approx(1 - abs(t) / math.sqrt(2 + t * t), abs=1e-12)
+    # ours [-1, 0, 1]: sample variance 1; published std sqrt(2/3) over 3 seeds: sample variance 1
+    t, p = report.welch([-1.0, 0.0, 1.0], {"mean": -2.776445 * math.sqrt(2 / 3), "std": math.sqrt(2 / 3), "seeds": 3})
+    assert t == pytest.approx(2.776445) and p == pytest.approx(0.05, abs=1e-6)
+    assert report.welch([5.0], {"mean": 1.0, "std": 1.0, "seeds": 3}) is None  # one seed: no test
+    assert report.welch([-200.0, -200.0], {"mean": -200.0, "std": 0.0, "seeds": 3}) is None  # no spread at all
+    scipy_stats = pytest.importorskip("scipy.stats")
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        ours, n = rng.normal(0, rng.uniform(0.1, 50), rng.integers(2, 9)), int(rng.integers(2, 9))
+        ref = {"mean": float(rng.normal(0, 30)), "std": float(rng.uniform(0.1, 50)), "seeds": n}
+        want = scipy_stats.ttest_ind_from_stats(
+            ours.mean(), ours.std(ddof=1), len(ours), ref["mean"], ref["std"] * math.sqrt(n / (n - 1)), n, equal_var=False
+        )
+        assert report.welch(list(ours), ref) == pytest.approx((want.statistic, want.pvalue), rel=1e-9, abs=1e-12)
 
 
 def test_report_made_again_from_its_episodes_file_is_the_same(runs_dir, tmp_path):
@@ -643,6 +677,54 @@ def test_readme_results_are_the_figures_of_the_committed_reports():
     assert len(RESULTS_TABLE.findall(text)) == 1
     assert len(readme_results_rows(text)) >= 10
     assert readme_results_errors(text) == []
+
+
+def committed_per_seed(env, script, steps, seeds):
+    """Each seed's figure from the committed report that has these runs (as committed_figure finds it), or None."""
+
+    def key(name):
+        return re.sub(r"[^a-z0-9]", "", name.lower())
+
+    for path in sorted((ROOT / "docs/results").rglob("summary.csv")):
+        with open(path, newline="") as f:
+            for row in csv.DictReader(f):
+                if "script" not in row or key(row["env"]) != key(env):
+                    continue
+                if sorted(row["script"].split()) != sorted(script.split()):
+                    continue
+                per_seed = dict(zip(map(int, row["seeds"].split()), map(float, row["per_seed"].split())))
+                if abs(int(row["steps"]) / steps - 1) <= 0.02 and set(seeds) <= per_seed.keys():
+                    return [per_seed[s] for s in seeds]
+    return None
+
+
+def readme_p_errors(text):
+    """A line for each published cell of README's results table whose Welch p (`(p 0.16)`, `(v2, p 0.90)`) is not the
+    report's for the committed seeds, or that lacks one where the report gives one (2+ seeds a side, a spread, steps)."""
+    reference, errors = report.load_reference(ROOT / "benchmark/reference.csv"), []
+    lines = "".join(RESULTS_TABLE.findall(text)).splitlines()
+    for line, (env, script, steps, seeds, _) in zip(lines, readme_results_rows(text)):
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        per_seed = committed_per_seed(env, script, steps, seeds)
+        refs = report.references_for(reference, env, script.split()[0])
+        for cell, baseline in zip(cells[5:7], ("ppo2", "cleanrl")):
+            ref, said = refs.get(baseline), re.search(r"\bp (\d\.\d\d)\)", cell)
+            test = report.welch(per_seed, ref) if ref and per_seed and steps >= 0.99 * ref["steps"] else None
+            want = f"{test[1]:.2f}" if test else None
+            if (said.group(1) if said else None) != want:
+                errors.append(f"{env} | {script} | {baseline}: p {said.group(1) if said else 'none'}, the report's {want}")
+    return errors
+
+
+def test_readme_welch_p_are_the_reports():
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert readme_p_errors(text) == []
+    assert text.count("(p ") + text.count(", p ") >= 16
+    row = "| Walker2d-v4 | `ppo_continuous_action.py` | 1M | 1–5 | 2912.86 ± 371.77 | 3356.49 ± 322.61 (v2, p 0.20) |"
+    assert text.count(row) == 1
+    for changed, said in [("(v2, p 0.21)", "p 0.21, the report's 0.20"), ("(v2)", "p none, the report's 0.20")]:
+        errors = readme_p_errors(text.replace(row, row.replace("(v2, p 0.20)", changed)))
+        assert errors == [f"Walker2d-v4 | ppo_continuous_action.py | ppo2: {said}"]
 
 
 DOCS_WITH_RESULTS = sorted(
