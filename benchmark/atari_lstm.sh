@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The Atari LSTM table: ppo_atari_lstm.py on Breakout, Pong and BeamRider (NoFrameskip-v4), 10M steps, seeds 1-3, then a
 # report next to the published numbers (ppo2 cnn_lstm: Breakout 138.98 ± 50.76, Pong 19.79 ± 0.67, BeamRider
-# 1591.68 ± 372.95; benchmark/reference.csv). Not for a 2-core CPU: ~60 steps/s here, i.e. ~2 days per run; 9 runs.
+# 1591.68 ± 372.95; benchmark/reference.csv). 9 runs; on a 2-core CPU, each at one torch thread beside another run:
+# ~108 steps/s at the defaults (~26 h a run), ~200 with `-- --fused-lstm --channels-last` (~14 h; same math, rounded
+# differently: benchmark/inflight/README.md).
 #
 #   bash benchmark/atari_lstm.sh                                   # print the 9 commands (the suite in suites.py)
 #   bash benchmark/atari_lstm.sh --run                             # run them one after the other, then the report
