@@ -58,7 +58,7 @@ def main(argv=None):
         torch.save(state, tmp)
         os.replace(tmp, opts.out)
     except (OSError, RuntimeError) as e:  # a full disk, a read-only folder (torch says RuntimeError)
-        sys.exit(f"error: cannot write {opts.out}: {str(e).strip().splitlines()[0]}")
+        sys.exit(f"error: cannot write {opts.out}: {(str(e).strip().splitlines() or [type(e).__name__])[0]}")
     finally:
         tmp.unlink(missing_ok=True)
     print(f"wrote {opts.out}: {len(state)} tensors of {checkpoint['script']} (step {checkpoint.get('global_step')})")
