@@ -1,13 +1,13 @@
 """Shared fixtures: import a variant script as a module, and run one as `python script.py ...` would.
 
-Runs go through a fork server (a Python that has already imported torch, numpy, gymnasium, tyro and TensorBoard, and
-forks once per run), because those imports take 1-2 s of each run's time and the suite makes hundreds of runs. The child
-is a fresh run in every respect the scripts can see: its own argv, sys.path[0], working directory, environment, standard
-streams (the import's own warnings included) and exit code, and it ends through the interpreter's normal exit (atexit,
-threads, flush). The server is keyed by the environment, apart from variables its imports do not read (WANDB_*,
-PYTEST_CURRENT_TEST), so an OMP_NUM_THREADS or MUJOCO_GL given to a run reaches the imports as it would. What differs:
-all forked runs share one hash seed. PPO_TESTS_FORK=0 runs every script as a plain subprocess instead. Under
-pytest-xdist (`-n 2`, README's command) each worker process has servers of its own.
+Runs go through a fork server (a Python that has already imported torch, numpy, gymnasium, tyro, TensorBoard and, where
+installed, envpool, and forks once per run), because those imports take 1-2 s of each run's time and the suite makes
+hundreds of runs. The child is a fresh run in every respect the scripts can see: its own argv, sys.path[0], working
+directory, environment, standard streams (the import's own warnings included) and exit code, and it ends through the
+interpreter's normal exit (atexit, threads, flush). The server is keyed by the environment, apart from variables its
+imports do not read (WANDB_*, PYTEST_CURRENT_TEST), so an OMP_NUM_THREADS or MUJOCO_GL given to a run reaches the
+imports as it would. What differs: all forked runs share one hash seed. PPO_TESTS_FORK=0 runs every script as a plain
+subprocess instead. Under pytest-xdist (`-n 2`, README's command) each worker process has servers of its own.
 """
 
 import importlib.util
@@ -33,6 +33,10 @@ err = os.dup(2)
 with open(sys.argv[1], "w+b") as f:  # what the imports print (warnings) is printed again by each run
     os.dup2(f.fileno(), 2)
     import gymnasium, numpy, torch, torch._dynamo, torch.utils.tensorboard, tyro  # noqa: F401 (Adam imports _dynamo: 1.3 s)
+    try:
+        import envpool  # noqa: F401 (1-2 s: it imports matplotlib for its jumanji envs)
+    except ImportError:
+        pass
     sys.stderr.flush()
     os.dup2(err, 2)
     f.seek(0)

@@ -144,7 +144,8 @@ def test_the_pong_step_fails_when_the_target_is_not_reached_in_its_time(tmp_path
     logs = tmp_path / "logs"
     logs.mkdir()
     env = check_env(tmp_path, {"PYTHONFAULTHANDLER": "1"})
-    row = gpu_check_module.pong(logs, 21, 3, SHORT_PONG, env)
+    tiny = "--num-envs 2 --num-steps 16 --num-minibatches 2 --update-epochs 1"  # stopped within a second of its 3 s
+    row = gpu_check_module.pong(logs, 21, 3, tiny, env)
     assert row.status == "FAIL" and row.note.startswith("the mean of the last 20 games did not reach 21 in 3 s"), row.note
     assert "exit status" not in row.note  # stopped by its SIGINT, not crashed
 
