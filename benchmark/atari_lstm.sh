@@ -3,7 +3,7 @@
 # report next to the published numbers (ppo2 cnn_lstm: Breakout 138.98 ± 50.76, Pong 19.79 ± 0.67, BeamRider
 # 1591.68 ± 372.95; benchmark/reference.csv). 9 runs; on a 2-core CPU, each at one torch thread beside another run:
 # ~108 steps/s at the defaults (~26 h a run), ~200 with `-- --fused-lstm --channels-last` (~14 h; same math, rounded
-# differently: benchmark/inflight/README.md).
+# differently; at 1M steps on Breakout they learned as the defaults did: benchmark/inflight/README.md).
 #
 #   bash benchmark/atari_lstm.sh                                   # print the 9 commands (the suite in suites.py)
 #   bash benchmark/atari_lstm.sh --run                             # run them one after the other, then the report
