@@ -476,9 +476,17 @@ def plot_env(env, groups, refs_by_script, out_path, window):
     axes[0].set_ylabel(f"episodic return (trailing mean of {window} episodes)")
     for ax in axes:
         ax.grid(alpha=0.3)
-    axes[0].legend(fontsize=8)
+    handles, labels = axes[0].get_legend_handles_labels()
+    rect = (0, 0, 1, 1)
+    if len(labels) > 6:  # a long legend would hide the curves: below the panels, in two columns
+        extra = 0.18 * -(-len(labels) // 2)
+        fig.set_size_inches(12, 4.2 + extra)
+        fig.legend(handles, labels, loc="lower center", ncol=2, fontsize=8, frameon=False)
+        rect = (0, extra / (4.2 + extra), 1, 1)
+    else:
+        axes[0].legend(fontsize=8)
     fig.suptitle(f"{env}: mean ± std over seeds (the curves end where the shortest seed ends)")
-    fig.tight_layout()
+    fig.tight_layout(rect=rect)
     fig.savefig(out_path, dpi=100)
     plt.close(fig)
 

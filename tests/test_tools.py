@@ -474,6 +474,24 @@ def test_report_curves_average_over_seeds_against_steps_and_wall_time(runs_dir):
     assert report.curve_label("ppo", runs[:1]) == "ppo: seed 1, 20k steps"
 
 
+def test_a_long_legend_goes_below_the_curves(tmp_path):
+    """Up to 6 entries the legend sits in the steps panel; more (several scripts, each with its published lines) would
+    hide the curves, so they go below both panels and the figure grows to hold them."""
+
+    def height(n_groups):
+        groups = {}
+        for k in range(n_groups):
+            run = report.Run("CartPole-v1", f"ppo__c{k}", 1, 1000, tmp_path, start_time=0.0, last_step=1000, last_time=9.0)
+            run.returns = [(s, s / 100, float(k + s / 100)) for s in range(100, 1001, 100)]
+            groups[(f"ppo__c{k}", "")] = [run]
+        out = tmp_path / f"{n_groups}.png"
+        report.plot_env("CartPole-v1", groups, {}, out, window=5)
+        return int.from_bytes(out.read_bytes()[20:24], "big")  # the PNG's IHDR: width, then height
+
+    assert height(6) == 420  # 4.2 inches at 100 dpi
+    assert height(7) == 420 + round(100 * 0.18 * 4)  # 4 rows of two columns
+
+
 def test_report_writes_figures_and_the_table(runs_dir, tmp_path):
     out = tmp_path / "report"
     result = tool("benchmark/report.py", runs_dir, "--out", out)
