@@ -479,7 +479,7 @@ def plot_env(env, groups, refs_by_script, out_path, window):
     handles, labels = axes[0].get_legend_handles_labels()
     rect = (0, 0, 1, 1)
     if len(labels) > 6:  # a long legend would hide the curves: below the panels, in two columns
-        extra = 0.18 * -(-len(labels) // 2)
+        extra = 0.18 * math.ceil(len(labels) / 2)  # inches: 0.18 a row of two entries
         fig.set_size_inches(12, 4.2 + extra)
         fig.legend(handles, labels, loc="lower center", ncol=2, fontsize=8, frameon=False)
         rect = (0, extra / (4.2 + extra), 1, 1)

@@ -34,7 +34,7 @@ with open(sys.argv[1], "w+b") as f:  # what the imports print (warnings) is prin
     os.dup2(f.fileno(), 2)
     import gymnasium, numpy, torch, torch._dynamo, torch.utils.tensorboard, tyro  # noqa: F401 (Adam imports _dynamo: 1.3 s)
     try:
-        import envpool  # noqa: F401 (1-2 s: it imports matplotlib for its jumanji envs)
+        import envpool  # noqa: F401 (2-3 s measured beside two runs: it imports matplotlib for its jumanji envs)
     except Exception:  # absent or broken: each envpool run then imports it (and fails) as it would alone
         pass
     sys.stderr.flush()
